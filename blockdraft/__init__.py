@@ -1,0 +1,25 @@
+"""blockdraft: exact DFlash block-diffusion speculative decoding.
+
+Public API: load_target, load_draft, generate, Completion, DraftConfig, AcceptanceStats. They are imported
+on first use, so `import blockdraft.<module>` stays light.
+"""
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "load_target": "blockdraft.io.targets",
+    "load_draft": "blockdraft.api",
+    "generate": "blockdraft.api",
+    "Completion": "blockdraft.api",
+    "DraftConfig": "blockdraft.config",
+    "AcceptanceStats": "blockdraft.metrics",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'blockdraft' has no attribute {name!r}")

@@ -1,0 +1,101 @@
+"""The Python API: load a target and a draft, generate from text or token ids, get tokens and statistics.
+
+    from blockdraft import load_target, load_draft, generate
+    target = load_target()                      # the embedded SmolLM2-135M-Instruct
+    draft = load_draft(target=target)           # the draft shipped for it
+    out = generate(target, draft, "Write a haiku about the sea.", max_new_tokens=64)
+    print(out.text, out.stats.mean_tau)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import DraftConfig, check_against_target, choose_mask_token_id
+from .decode.generate import GenerationResult
+from .decode.generate import generate as generate_ids
+from .errors import InputError
+from .io.checkpoint import read_checkpoint
+from .io.targets import EMBEDDED_HUB_ID
+from .metrics import AcceptanceStats
+from .model.draft import DFlashDraftModel
+from .model.target import Target
+from .train.data import encode_prompt
+
+SHIPPED_DRAFTS = Path(__file__).parent / "drafts"
+DEFAULT_DRAFT = SHIPPED_DRAFTS / "smollm2-135m-instruct"
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: AcceptanceStats
+
+
+def load_draft(path: str | Path | None = None, target: Target | None = None, *, strict: bool = False,
+               allow_last_layer: bool = False) -> DFlashDraftModel:
+    """Load a draft folder (FORMAT.md), validated against `target` when given; None loads the shipped one."""
+    folder = Path(path) if path is not None else DEFAULT_DRAFT
+    if path is None and not (folder / "config.json").is_file():
+        if target is None or target.name != EMBEDDED_HUB_ID:
+            raise InputError("no draft given and the shipped draft is for the embedded target only; pass --draft PATH")
+        return untrained_draft(target)
+    cfg, tensors = read_checkpoint(folder)
+    if target is not None:
+        for message in check_against_target(cfg, target.config, target.tokenizer, strict=strict,
+                                            allow_last_layer=allow_last_layer):
+            warnings.warn(message, stacklevel=2)
+    draft = DFlashDraftModel(cfg)
+    draft.load_state_dict(tensors, strict=True)
+    draft.trained = True
+    return _place(draft, target)
+
+
+def untrained_draft(target: Target, num_layers: int = 2, block_size: int = 8, seed: int = 0) -> DFlashDraftModel:
+    """A randomly initialised draft, clearly marked: output is still exact, only acceptance is poor."""
+    mask = choose_mask_token_id(target.tokenizer, target.config)
+    cfg = DraftConfig.for_target(target.config, num_draft_layers=num_layers, block_size=block_size, mask_token_id=mask)
+    draft = DFlashDraftModel(cfg)
+    draft.init_weights(generator=torch.Generator().manual_seed(seed))
+    draft.trained = False
+    return _place(draft, target)
+
+
+def _place(draft: DFlashDraftModel, target: Target | None) -> DFlashDraftModel:
+    if target is not None:
+        draft = draft.to(device=target.device, dtype=target.dtype)
+    return draft.eval()
+
+
+def encode(target: Target, prompt: str | list[int], chat: bool = True) -> list[int]:
+    """Token ids of a prompt: text goes through the chat template (or plain tokenisation with chat=False)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InputError("the prompt is empty; give some text to continue")
+        if chat and getattr(target.tokenizer, "chat_template", None):
+            return encode_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
+        return list(target.tokenizer(prompt)["input_ids"])
+    return list(prompt)
+
+
+def generate(target: Target, draft: DFlashDraftModel | None, prompt, *, max_new_tokens: int = 256,
+             block_size: int | None = None, chat: bool = True, stop_token_ids=None):
+    """Generate for one prompt (text or ids) -> Completion, or for a list of prompts -> list[Completion]."""
+    single = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int))
+    prompts = [prompt] if single else list(prompt)
+    ids = [encode(target, p, chat) for p in prompts]
+    results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
+                           stop_token_ids=stop_token_ids)
+    done = [_completion(target, r) for r in results]
+    return done[0] if single else done
+
+
+def _completion(target: Target, result: GenerationResult) -> Completion:
+    text = target.tokenizer.decode(result.tokens, skip_special_tokens=True) if target.tokenizer else ""
+    return Completion(text, result.tokens, result.finish_reason, result.stats)

@@ -1,0 +1,48 @@
+"""Key/value caches with one slot per absolute position.
+
+Both the target cache and the draft context cache use the same layout: per layer a pair of tensors
+[B, Hkv, capacity, Dh] in which slot t holds position t of that row. Rows are ragged (each has its own
+committed length), and a row's entries at or past its length are stale: attention masks hide them and the
+next write overwrites them. Rolling back is therefore just setting a length; no tensor is copied.
+
+The decode loop owns the lengths; forwards only write the slots they are given.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer K/V slots for B rows, plus one length per row (the number of valid leading slots)."""
+
+    def __init__(self, num_layers, batch, kv_heads, capacity, head_dim, dtype, device) -> None:
+        shape = (batch, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store k/v [B, Hkv, T, Dh] at slots positions [B, T] of `layer`; lengths are not touched."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # [B, 1]
+        # Advanced indexing puts the indexed dims first: the target view is [B, T, Hkv, Dh].
+        self.keys[layer][rows, :, positions] = k.transpose(1, 2)
+        self.values[layer][rows, :, positions] = v.transpose(1, 2)
+
+    def read(self, layer: int, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots [0, upto) of `layer`: two [B, Hkv, upto, Dh] views."""
+        return self.keys[layer][:, :, :upto], self.values[layer][:, :, :upto]
+
+    def crop_to(self, lengths: torch.Tensor) -> None:
+        """Roll back (or advance) each row to `lengths` [B] valid slots."""
+        self.lengths = lengths.clone()
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop every row not in `rows` [B'] (finished rows stop costing compute)."""
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        self.lengths = self.lengths[rows]

@@ -1,0 +1,1 @@
+"""Command implementations behind the CLI: each formats what one library call returns."""

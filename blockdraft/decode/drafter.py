@@ -1,0 +1,89 @@
+"""The draft side of a decode step: the draft model, its context cache, and the target's embedding and head.
+
+Shapes: B rows, P pending context positions, K block size, D hidden, L tapped layers, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache import KVCache
+from ..model.draft import DFlashDraftModel
+from ..model.target import Target
+
+
+def padded_rows(counts: torch.Tensor, width: int) -> torch.Tensor:
+    """Boolean [B, width]: True for the first counts[b] entries of row b."""
+    return torch.arange(width, device=counts.device)[None, :] < counts[:, None]
+
+
+class Drafter:
+    """Proposes K-1 tokens per row from the anchor and the target's tapped features.
+
+    The context cache holds the draft's keys/values of every committed position that has already been
+    fed in; `propose` first appends the pending positions (those the target committed since the last
+    call) and then runs the block, whose own keys/values are never stored.
+    """
+
+    def __init__(self, draft: DFlashDraftModel, target: Target, block_size: int | None = None) -> None:
+        self.draft = draft
+        self.target = target
+        self.config = draft.config
+        self.block_size = draft.config.block_size if block_size is None else block_size
+        self.cache: KVCache | None = None
+
+    @property
+    def trained_block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def tap_layer_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.target_layer_ids)
+
+    def start(self, batch: int, capacity: int) -> None:
+        cfg = self.config
+        self.cache = KVCache(
+            cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
+            self.target.dtype, self.target.device,
+        )
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.cache.keep_rows(rows)
+
+    def append_context(self, features: torch.Tensor, counts: torch.Tensor) -> None:
+        """Feed pending features [B, P, L*D] (the first counts[b] rows of each row are real) into the cache.
+
+        Row b's pending features are positions lengths[b] .. lengths[b] + counts[b] - 1. Padding entries are
+        written to slots past the new length, where they stay masked until overwritten.
+        """
+        start = self.cache.lengths  # [B]
+        positions = start[:, None] + torch.arange(features.shape[1], device=features.device)  # [B, P]
+        positions = positions.clamp(max=self.cache.capacity - 1)
+        ctx = self.draft.project_context(features.to(self.target.dtype))  # [B, P, D]
+        for layer, (k, v) in enumerate(self.draft.context_kv(ctx, positions)):
+            self.cache.write(layer, k, v, positions)
+        self.cache.crop_to(start + counts)
+
+    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+        """Draft logits [B, K-1, V] float32 for block slots 1..K-1, given anchors [B] at positions [B].
+
+        The context cache must already hold positions 0..anchor_position-1 of every row.
+        """
+        K = self.block_size
+        cfg = self.config
+        B = anchors.shape[0]
+        block = torch.full((B, K), cfg.mask_token_id, dtype=torch.long, device=anchors.device)
+        block[:, 0] = anchors  # [anchor, MASK x (K-1)]
+        positions = anchor_positions[:, None] + torch.arange(K, device=anchors.device)  # [B, K]
+        span = int(self.cache.lengths.max())
+        ctx_visible = padded_rows(self.cache.lengths, span)  # [B, span]: hide each row's padding
+        # Non-causal: every block row sees all of its row's context and the whole block.
+        mask = torch.cat([ctx_visible, ctx_visible.new_ones(B, K)], dim=1)[:, None, :].expand(B, K, span + K)
+        ctx_kv = [self.cache.read(layer, span) for layer in range(cfg.num_hidden_layers)]
+        hidden = self.draft(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
+        # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..K-1 only.
+        logits = self.target.logits(hidden[:, 1:])
+        if cfg.final_logit_softcapping is not None:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -1,0 +1,135 @@
+"""Prefill, loop `step`, stop, stream. The public decode entry points live here.
+
+`stream` yields tokens as rows commit them; `generate` collects them into one GenerationResult per
+prompt. Passing `draft=None` decodes with the target alone through the same code path: that is the
+exactness oracle and the speed baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from ..errors import InputError
+from ..metrics import AcceptanceStats
+from ..model.draft import DFlashDraftModel
+from ..model.target import Target
+from .drafter import Drafter
+from .selection import Selector
+from .state import DecodeState
+from .step import prefill, step
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only, a stop token included when it ended the row
+    finish_reason: str  # "stop" or "length"
+    stats: AcceptanceStats
+
+
+@dataclass
+class StreamEvent:
+    row: int  # index of the prompt in the caller's list
+    tokens: list[int]  # newly committed tokens of that row (may be empty only at a row's end)
+    finish_reason: str | None  # set on the row's last event: "stop" or "length"
+
+
+def check_request(target: Target, prompts, max_new_tokens: int, block_size: int, trained_block_size) -> None:
+    """Refuse bad input before any compute, naming the parameter, the value and the fix."""
+    if not prompts:
+        raise InputError("no prompts given; pass at least one prompt")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+        raise InputError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
+    for i, ids in enumerate(prompts):
+        if len(ids) == 0:
+            raise InputError(f"prompt {i} is empty; give at least one token of prompt")
+        total = len(ids) + max_new_tokens
+        if total > target.max_positions:
+            raise InputError(
+                f"prompt {i} has {len(ids)} tokens and `max_new_tokens` is {max_new_tokens}: {total} positions, "
+                f"over the target's context of {target.max_positions}; shorten the prompt or lower max_new_tokens"
+            )
+    if trained_block_size is not None:
+        trained = trained_block_size
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or not 2 <= block_size <= trained:
+            raise InputError(
+                f"`block_size` must be an integer in [2, {trained}] (the draft's trained block size), "
+                f"got {block_size!r}; pass a block size of at most {trained}"
+            )
+
+
+@torch.inference_mode()
+def stream(
+    target: Target,
+    draft: DFlashDraftModel | Drafter | None,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int = 256,
+    block_size: int | None = None,
+    stop_token_ids=None,
+    selector: Selector | None = None,
+    stats: list[AcceptanceStats] | None = None,
+) -> Iterator[StreamEvent]:
+    """Decode every prompt (lists of token ids) and yield tokens as they are committed.
+
+    `stats`, when given, receives one AcceptanceStats per prompt (filled in place).
+    """
+    drafter = as_drafter(target, draft, block_size)
+    K = drafter.block_size if drafter else 1
+    check_request(target, prompts, max_new_tokens, K, drafter.trained_block_size if drafter else None)
+    if stop_token_ids is None:
+        stop_token_ids = _eos_ids(target)
+    selector = selector or Selector()
+    capacity = max(len(p) for p in prompts) + max_new_tokens + K
+    state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
+    state.target_cache = target.new_cache(len(prompts), capacity)
+    if drafter is not None:
+        drafter.start(len(prompts), capacity)
+    run = prefill
+    while state.batch:
+        for row, tokens in run(state, target, drafter, selector, stats):
+            yield StreamEvent(row, tokens, state.results[row].finish_reason)
+        run = step
+        live = state.live_rows()
+        if live.shape[0] < state.batch:  # finished rows stop costing compute
+            state.keep_rows(live)
+            state.target_cache.keep_rows(live)
+            if drafter is not None:
+                drafter.keep_rows(live)
+
+
+def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None):
+    """Decode every prompt to completion; one GenerationResult per prompt, in order."""
+    drafter = as_drafter(target, draft, block_size)
+    stats = [AcceptanceStats(drafter.block_size if drafter else 1) for _ in prompts]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    reasons: list[str] = ["length"] * len(prompts)
+    start = time.perf_counter()
+    for event in stream(target, drafter, prompts, max_new_tokens=max_new_tokens,
+                        stop_token_ids=stop_token_ids, selector=selector, stats=stats):
+        tokens[event.row].extend(event.tokens)
+        if event.finish_reason is not None:
+            reasons[event.row] = event.finish_reason
+    elapsed = time.perf_counter() - start
+    for s, t in zip(stats, tokens):
+        s.seconds, s.new_tokens = elapsed, len(t)
+    return [GenerationResult(t, r, s) for t, r, s in zip(tokens, reasons, stats)]
+
+
+def as_drafter(target: Target, draft, block_size: int | None):
+    """A draft model becomes a Drafter at the requested block size; a Drafter-like object passes through."""
+    return Drafter(draft, target, block_size) if isinstance(draft, DFlashDraftModel) else draft
+
+
+def _eos_ids(target: Target) -> set[int]:
+    ids = set()
+    for source in (getattr(target.model, "generation_config", None), target.config, target.tokenizer):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return ids

@@ -1,0 +1,89 @@
+"""Per-row decode state: committed tokens, lengths, budgets, stop tokens and what each row returned.
+
+Rows are ragged: row b has committed lengths[b] tokens, the last of which (the anchor) is not yet in the
+target cache. Finished rows are dropped from every tensor (`keep_rows`) so that they stop costing compute;
+`row_ids` maps the live rows back to the caller's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..metrics import AcceptanceStats
+
+
+@dataclass
+class RowResult:
+    """What one prompt produced."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (a stop token was emitted, and is included) or "length"
+
+
+class DecodeState:
+    def __init__(self, prompts: list[list[int]], capacity: int, max_new_tokens: int, stop_ids, device) -> None:
+        B = len(prompts)
+        self.tokens = torch.zeros(B, capacity, dtype=torch.long, device=device)  # [B, capacity]
+        for b, ids in enumerate(prompts):
+            self.tokens[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        self.prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)  # [B]
+        self.lengths = self.prompt_lengths.clone()  # [B] committed tokens, anchor included
+        self.row_ids = torch.arange(B, device=device)  # [B] caller's index of each live row
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = frozenset(stop_ids)
+        self.results = [RowResult() for _ in range(B)]
+        self.pending: torch.Tensor | None = None  # [B, P, L*D] tapped features not yet in the draft cache
+        self.pending_counts: torch.Tensor | None = None  # [B] real entries of `pending` per row
+
+    @property
+    def batch(self) -> int:
+        return self.row_ids.shape[0]
+
+    def anchors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The newest committed token of each row [B] and its position [B]."""
+        positions = self.lengths - 1
+        return self.tokens.gather(1, positions[:, None])[:, 0], positions
+
+    def commit(self, candidates: torch.Tensor, counts: torch.Tensor, stats: list[AcceptanceStats] | None):
+        """Append the first counts[b] of candidates [B, C] to each row; returns [(row_id, new_tokens)].
+
+        Tokens past a stop token or past the row's budget are computed but not returned, and end the row.
+        Lengths advance by the full count: the row is finished then, so its state is never read again.
+        """
+        C = candidates.shape[1]
+        slots = (self.lengths[:, None] + torch.arange(C, device=counts.device)).clamp(max=self.tokens.shape[1] - 1)
+        keep = torch.arange(C, device=counts.device)[None, :] < counts[:, None]  # [B, C]
+        self.tokens.scatter_(1, slots, torch.where(keep, candidates, self.tokens.gather(1, slots)))
+        self.lengths = self.lengths + counts
+        events = []
+        for b, (row, n, new) in enumerate(zip(self.row_ids.tolist(), counts.tolist(), candidates.tolist())):
+            result = self.results[row]
+            if stats is not None:
+                stats[row].record(n)
+            new = new[: min(n, self.max_new_tokens - len(result.tokens))]
+            for i, token in enumerate(new):
+                if token in self.stop_ids:
+                    new = new[: i + 1]
+                    result.finish_reason = "stop"
+                    break
+            result.tokens.extend(new)
+            if result.finish_reason is None and len(result.tokens) >= self.max_new_tokens:
+                result.finish_reason = "length"
+            events.append((row, new))
+        return events
+
+    def live_rows(self) -> torch.Tensor:
+        """Indices [B'] of the rows that are not finished."""
+        alive = [b for b, row in enumerate(self.row_ids.tolist()) if self.results[row].finish_reason is None]
+        return torch.tensor(alive, dtype=torch.long, device=self.lengths.device)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.tokens = self.tokens[rows]
+        self.prompt_lengths = self.prompt_lengths[rows]
+        self.lengths = self.lengths[rows]
+        self.row_ids = self.row_ids[rows]
+        if self.pending is not None:
+            self.pending = self.pending[rows]
+        self.pending_counts = self.pending_counts[rows]

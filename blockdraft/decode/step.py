@@ -1,0 +1,61 @@
+"""One speculative decode step over all live rows (DESIGN.md §2), and the prefill that precedes the first.
+
+Shapes: B live rows, K block size, V vocabulary, L*D tapped feature width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.target import Target
+from .drafter import Drafter
+from .selection import Selector
+from .state import DecodeState
+
+
+def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats):
+    """Run the prompts through the target, pick each row's first new token (the first anchor)."""
+    width = int(state.prompt_lengths.max())
+    ids = state.tokens[:, :width]  # [B, P] right-padded prompts
+    positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
+    taps = drafter.tap_layer_ids if drafter else ()
+    out = target.forward(ids, positions, state.target_cache, taps, logit_rows=(state.prompt_lengths - 1)[:, None])
+    first = selector.first_token(out.logits[:, 0], state.row_ids)  # [B]
+    state.target_cache.crop_to(state.prompt_lengths)
+    state.pending, state.pending_counts = out.features, state.prompt_lengths.clone()
+    # The first token is the target's own choice, not a speculative step: it is not counted in tau.
+    return state.commit(first[:, None], torch.ones_like(first), None)
+
+
+def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats):
+    """Draft, verify, accept, roll back; returns [(row_id, new_tokens)] for the caller to stream."""
+    anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
+
+    # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block.
+    if drafter is not None:
+        drafter.append_context(state.pending, state.pending_counts)
+        draft_logits = drafter.propose(anchors, s)  # [B, K-1, V]
+    else:  # target alone: an empty block, the same path as the exactness oracle
+        draft_logits = None
+    proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids)  # [B, K-1], [B, K-1, V]
+
+    # 2. Verify: the target scores [anchor, d1..d(K-1)] at positions s..s+K-1 in one forward.
+    block = torch.cat([anchors[:, None], proposals], dim=1)  # [B, K]
+    K = block.shape[1]
+    positions = s[:, None] + torch.arange(K, device=block.device)  # [B, K]
+    taps = drafter.tap_layer_ids if drafter else ()
+    rows = torch.arange(K, device=block.device).expand_as(block)
+    out = target.forward(block, positions, state.target_cache, taps, logit_rows=rows)  # logits [B, K, V]
+
+    # 3. Accept: a proposals plus the target's own token at slot a (bonus or replacement).
+    num_accepted, target_token = selector.accept(out.logits, draft_probs, proposals, state.row_ids)  # [B], [B]
+    committed = torch.cat([proposals, target_token[:, None]], dim=1)  # [B, K]
+    committed.scatter_(1, num_accepted[:, None], target_token[:, None])  # slot a holds the target's token
+    events = state.commit(committed, num_accepted + 1, stats)
+
+    # 4. Roll back: the target keeps x[s] and the accepted proposals; the new anchor is not cached yet.
+    state.target_cache.crop_to(s + num_accepted + 1)
+    width = int(num_accepted.max()) + 1
+    features = out.features[:, :width] if out.features is not None else None
+    state.pending, state.pending_counts = features, num_accepted + 1  # tapped features of slots 0..a
+    return events

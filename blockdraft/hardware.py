@@ -1,0 +1,38 @@
+"""A one-line description of where numbers were measured: device, cores, library versions, dtype."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe(device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> dict:
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{cpu_name()} ({torch.get_num_threads()} threads, {os.cpu_count()} cores)"
+    import transformers
+
+    info = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__}
+    if dtype is not None:
+        info["dtype"] = str(dtype).replace("torch.", "")
+    return info
+
+
+def describe_line(device="cpu", dtype=None) -> str:
+    info = describe(device, dtype)
+    return ", ".join(f"{k} {v}" if k != "device" else v for k, v in info.items())

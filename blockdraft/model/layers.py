@@ -1,0 +1,116 @@
+"""Building blocks of the draft: RMSNorm, rotary embeddings, SwiGLU, and attention with KV injection.
+
+Shapes: B batch, Q query rows (block slots), T context positions, D hidden, H query heads,
+Hkv key/value heads, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as the Llama/Qwen3 targets do."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """The default RoPE frequencies, theta^(-2i/Dh): [Dh/2] float32."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """cos and sin for absolute positions [B, T] -> two [B, T, Dh] tensors (rotate-half layout)."""
+    angles = positions.float()[..., None] * inv_freq.to(positions.device)  # [B, T, Dh/2]
+    emb = torch.cat([angles, angles], dim=-1)  # [B, T, Dh]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, Dh] by the angles of cos/sin [B, T, Dh] (rotate-half convention)."""
+    cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)); names match Qwen3's `mlp.*` tensors."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class InjectedAttention(nn.Module):
+    """Attention whose keys/values are [context; block] and whose queries are the block only.
+
+    The context part comes from the fused target features `ctx` (DESIGN.md §1): it is projected once per
+    committed position by `context_kv` and cached by the caller; the block part is projected on every call
+    and never cached. The mask is supplied by the caller: at inference it only hides padded context slots
+    (attention is non-causal), in training it is the anchor-block mask of TRAINING.md §2.
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """[B, T, n*Dh] -> [B, n, T, Dh]"""
+        return x.view(*x.shape[:2], n, self.head_dim).transpose(1, 2)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Normed, rotated keys and values of rows x [B, T, D] -> two [B, Hkv, T, Dh]."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.kv_heads)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.kv_heads)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        """x [B, Q, D] (already input-normed), cos/sin [B, Q, Dh], ctx_k/ctx_v [B, Hkv, T, Dh],
+        mask [B, Q, T+Q] bool (True = may attend) -> [B, Q, D]."""
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.heads)), cos, sin)
+        block_k, block_v = self.keys_values(x, cos, sin)
+        k = torch.cat([ctx_k, block_k], dim=2)  # [B, Hkv, T+Q, Dh]: context first, block last
+        v = torch.cat([ctx_v, block_v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DraftLayer(nn.Module):
+    """One pre-norm Qwen3-style layer with KV injection (FORMAT.md §3.4)."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = InjectedAttention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.rms_norm_eps, cfg.attention_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))

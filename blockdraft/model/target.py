@@ -1,0 +1,131 @@
+"""A functional forward over a Hugging Face Llama/Qwen3-family causal LM, with our per-position cache.
+
+Why not call the HF model directly: the decode loop needs ragged rows (each row at its own position),
+rollback by length, the hidden states of a few layers only, and the LM head on chosen rows only. This
+module reuses the HF model's own submodules and weights (norms, projections, MLPs, rotary embedding), so
+the arithmetic is the target's; tests compare its logits with the HF forward.
+
+Shapes: B batch, T new tokens, D hidden, V vocabulary, H/Hkv heads, Dh head dim, L tapped layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..cache import KVCache
+from ..errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor | None  # [B, R, V] float32 for the requested rows, or None
+    features: torch.Tensor | None  # [B, T, L*D] tapped layer outputs, concatenated in id order
+
+
+class Target:
+    """The verifier: wraps an HF causal LM and its tokenizer."""
+
+    def __init__(self, model, tokenizer=None, name: str = "") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", "")
+        self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        if self.config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"target `model_type` is {self.config.model_type!r}; blockdraft drives {SUPPORTED_MODEL_TYPES}; "
+                "use a Llama- or Qwen3-family causal LM"
+            )
+        inner = model.model
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.final_norm = inner.norm
+        self.rotary = inner.rotary_emb
+        self.lm_head = model.get_output_embeddings()
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.kv_heads = attn.k_proj.out_features // self.head_dim
+        self.heads = attn.q_proj.out_features // self.head_dim
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 2**31 - 1))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache(self.num_layers, batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head over final-normed rows [..., D] -> [..., V] float32."""
+        return self.lm_head(hidden).float()
+
+    def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, positions, mask):
+        """One attention block: write this call's K/V at `positions`, attend over slots [0, max+1)."""
+        attn = layer.self_attn
+        B, T, _ = x.shape
+        q = attn.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, H, T, Dh]
+        k = attn.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        v = attn.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        c, s = cos[:, None], sin[:, None]
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        cache.write(index, k, v, positions)
+        keys, values = cache.read(index, mask.shape[-1])
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+        return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T] absolute positions; slot t of the cache holds position t
+        cache: KVCache,
+        tap_layer_ids: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,  # [B, R] indices into T, or None for no logits
+    ) -> TargetOutput:
+        """Causal forward of new tokens against the cache; writes their K/V, leaves lengths alone.
+
+        A query at position p sees cache slots 0..p (slots past a row's own tokens are masked, so stale
+        entries from a rolled-back block are never read).
+        """
+        span = int(positions.max()) + 1
+        slots = torch.arange(span, device=positions.device)
+        mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, span]
+        x = self.embed_tokens(input_ids)  # [B, T, D]
+        cos, sin = self.rotary(x, positions)  # [B, T, Dh] each
+        tapped = {}
+        wanted = set(tap_layer_ids)
+        for index, layer in enumerate(self.layers):
+            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, positions, mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if index in wanted:
+                # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
+                # post-norm, which the checkpoint loader refuses unless explicitly allowed (FORMAT.md §3.1).
+                tapped[index] = self.final_norm(x) if index == self.num_layers - 1 else x
+        features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
+        logits = None
+        if logit_rows is not None:
+            rows = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
+            logits = self.logits(self.final_norm(rows))
+        return TargetOutput(logits=logits, features=features)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

@@ -1,0 +1,142 @@
+"""Raw records of each registered set, and the one function per set that turns a record into chat messages.
+
+A converter returns `(id, messages)` or None for a record that gives no usable prompt (ShareGPT chunks that
+start mid-conversation). Messages are plain `{"role", "content"}` dicts, the shape chat templates take.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from blockdraft.prompts.registry import PromptSet
+
+Messages = list[dict]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: chat messages ending with the user's turn; the response is left to the target."""
+
+    id: str  # unique within `set`
+    messages: tuple[dict, ...]
+    set: str
+
+
+def user(text: str) -> Messages:
+    return [{"role": "user", "content": text}]
+
+
+def read_records(spec: PromptSet, path: str) -> Iterator[dict]:
+    """The raw records of `path`, in file order, read as `spec.fmt` says."""
+    opener = gzip.open if spec.fmt.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        if spec.fmt.startswith("jsonl"):
+            yield from (json.loads(line) for line in f if line.strip())
+        elif spec.fmt.startswith("json"):
+            yield from json.load(f)
+        else:
+            yield from _truncated_array(f.read())
+
+
+def _truncated_array(text: str) -> Iterator[dict]:
+    """Records of a JSON array cut off mid-record: every complete record before the cut (DATA.md §2)."""
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the record the cut went through (or the closing bracket of a complete array)
+        yield record
+
+
+def _humaneval(r: dict):
+    # A bare function stub reads as text to continue; the instruction makes it a chat request.
+    return r["task_id"], user(f"Complete the following Python function:\n```python\n{r['prompt']}```")
+
+
+def _mt_bench(r: dict):
+    # The second turn refers to the first answer, which only the target can write: first turn only.
+    return str(r["question_id"]), user(r["turns"][0])
+
+
+def _healthbench(r: dict):
+    # Only role and content are copied: the record's `canary` string must never reach any text.
+    turns = [{"role": m["role"], "content": m["content"]} for m in r["prompt"]]
+    last_user = max(i for i, m in enumerate(turns) if m["role"] == "user")
+    return r["prompt_id"], turns[: last_user + 1]
+
+
+# ShareGPT chats whose first turn equals an AlpacaEval instruction (ignoring case and spacing): training on them
+# would leak a benchmark. The pinned files never change, so the list is fixed; a test recomputes it.
+_SHAREGPT_BENCHMARK_DUPLICATES = frozenset({
+    "1qTWFZJ_0", "2DX5zWq_0", "6hVGSGD_0", "9wiewtk_0", "BRNEIhb_0", "F2RXNJI_0", "FX9X4CD_0", "H5QUkgm_0",
+    "L8jnJ4q_0", "RvC8Krj_0", "XkG1O6k_0", "YId9B8p_0", "ahClVzd_0", "dZJntaU_0", "k0S032L_0", "k5HzBL1_0",
+    "oNzQSNG_0", "p09oR1y_0", "yS5TtKy_0", "yePPued_0", "zCF3udT_0",
+})
+
+
+def _sharegpt(r: dict):
+    # Leading "system" turns are share-tool banners. Records whose first turn is "gpt" are chunks cut out of a
+    # longer chat; their first human turn answers context that is gone, so they are dropped.
+    turns = [t for t in r["conversations"] if t["from"] != "system"]
+    if not turns or turns[0]["from"] not in ("human", "user") or not turns[0]["value"].strip():
+        return None
+    if r["id"] in _SHAREGPT_BENCHMARK_DUPLICATES:
+        return None
+    return r["id"], user(turns[0]["value"])
+
+
+CODEIO_TEMPLATE = """{task_description}
+
+The input and output requirements are as follows:
+
+{input_output_spec}
+
+Here is a reference implementation:
+
+```python
+{code_sample}
+```
+
+Choose a feasible input for `main_solution`, then reason step by step, without running any code, to predict \
+the exact output it returns for that input. Give the input and the output as JSON values."""
+
+
+def _codeio(r: dict, index: int):
+    # Built from the task fields for both files: the hq file's own `prompt` field is the input of a quality
+    # rating (its `output` is five scores), not a task. No code is executed, unlike reasoning-gym's generator.
+    text = CODEIO_TEMPLATE.format(**{k: r[k].strip() for k in ("task_description", "input_output_spec",
+                                                                "code_sample")})
+    return str(index), user(text)
+
+
+# set name -> record, index -> (id, messages) or None
+CONVERTERS: dict[str, Callable[[dict, int], tuple[str, Messages] | None]] = {
+    "humaneval": lambda r, i: _humaneval(r),
+    "mt-bench": lambda r, i: _mt_bench(r),
+    "ifeval": lambda r, i: (str(r["key"]), user(r["prompt"])),
+    "alpaca-eval": lambda r, i: (str(i), user(r["instruction"])),
+    "writingbench": lambda r, i: (str(r["index"]), user(r["query"])),
+    "healthbench": lambda r, i: _healthbench(r),
+    "sharegpt": lambda r, i: _sharegpt(r),
+    "codeio": _codeio,
+    "codeio-hq": _codeio,
+}
+
+
+def set_prompts(spec: PromptSet, path: str, limit: int | None) -> list[Prompt]:
+    """The first `limit` usable prompts (all when None) of a registered set's verified file."""
+    convert, prompts = CONVERTERS[spec.name], []
+    for index, record in enumerate(read_records(spec, path)):
+        if limit is not None and len(prompts) >= limit:
+            break  # stops ShareGPT's record decoder early
+        converted = convert(record, index)
+        if converted is not None:
+            prompts.append(Prompt(converted[0], tuple(converted[1]), spec.name))
+    return prompts

@@ -1,0 +1,104 @@
+"""From examples to the tensors of one training micro-batch (TRAINING.md §2, §7).
+
+Every random choice is a pure function of (seed, epoch) or (seed, step, dataset index), never of the batch
+layout, the micro-batch size or the number of ranks:
+- the held-out split and each epoch's order come from `seeded_generator(seed, ...)`;
+- a step's global batch is a slice of that order; rank r takes every world-th sequence of it;
+- each sequence's anchors come from its own generator seeded by (seed, step, dataset index).
+So one optimizer step sees the same sequences with the same anchors whether it runs as one batch, as
+micro-batches, or on several ranks; only floating-point summation order differs.
+
+Shapes: B sequences, S padded length, A anchors, K block size, L*D tapped features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .data import Example
+from .objective import Blocks, block_targets, sample_anchors
+
+
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A CPU generator seeded by a hash of integers (Python's `hash` is salted per process, so not that)."""
+    digest = hashlib.sha256(":".join(str(int(p)) for p in parts).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def split_heldout(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices), both sorted: a seeded random `fraction` of `count` examples.
+
+    Random rather than "the last 2 %": data shards are often sorted (by prompt length, by source set).
+    At least one example is held out when fraction > 0 and there are two or more.
+    """
+    if fraction <= 0 or count < 2:
+        return list(range(count)), []
+    held = min(count - 1, max(1, round(fraction * count)))
+    order = torch.randperm(count, generator=seeded_generator(seed, -1)).tolist()
+    return sorted(order[held:]), sorted(order[:held])
+
+
+def epoch_batches(train_indices: list[int], epoch: int, batch_size: int, seed: int) -> list[list[int]]:
+    """The global batches (dataset indices) of one epoch: a seeded permutation cut into batch_size slices."""
+    order = torch.randperm(len(train_indices), generator=seeded_generator(seed, epoch)).tolist()
+    shuffled = [train_indices[i] for i in order]
+    return [shuffled[i : i + batch_size] for i in range(0, len(shuffled), batch_size)]
+
+
+def rank_micro_batches(batch: list[int], rank: int, world: int, micro_batch_size: int) -> list[list[int] | None]:
+    """This rank's share of a global batch, cut into micro-batches; None marks a dummy micro-batch.
+
+    Every rank runs the same number of micro-batches (DDP needs one backward per rank per micro-batch, or
+    it hangs); a rank whose share is shorter runs dummies with zero weight (TRAINING.md §5.13).
+    """
+    share = batch[rank::world]
+    count = math.ceil(math.ceil(len(batch) / world) / micro_batch_size)
+    chunks = [share[i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(count)]
+    return [chunk or None for chunk in chunks]
+
+
+@dataclass
+class MicroBatch:
+    tokens: torch.Tensor  # [B, S] right-padded with 0
+    loss_mask: torch.Tensor  # [B, S] 1 on supervised tokens, 0 on prompt and padding
+    anchors: torch.Tensor  # [B, A]
+    keep: torch.Tensor  # [B, A] bool
+    blocks: Blocks  # labels and weights [B, A, K]
+
+    @property
+    def weight(self) -> float:
+        """Sum of the loss weights: this micro-batch's share of the step's normaliser W (float64)."""
+        return float(self.blocks.weights.double().sum())
+
+
+def make_micro_batch(examples: list[Example], indices: list[int] | None, *, step: int, seed: int,
+                     num_anchors: int, block_size: int, gamma: float, max_seq_len: int,
+                     device: torch.device, dummy_index: int) -> MicroBatch:
+    """Pad the sequences `indices` (truncated to max_seq_len) and draw their anchors for `step`.
+
+    `indices=None` builds a dummy: example `dummy_index` with its loss mask zeroed, so it has no anchors and
+    every weight is 0, yet the forward and backward run exactly as for real data.
+    """
+    dummy = indices is None
+    rows = [dummy_index] if dummy else indices
+    seqs = [examples[i].input_ids[:max_seq_len] for i in rows]
+    masks = [[0] * len(s) if dummy else examples[i].loss_mask[:max_seq_len] for i, s in zip(rows, seqs)]
+    S = max(len(s) for s in seqs)
+    tokens = torch.zeros(len(rows), S, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), S, dtype=torch.long)
+    anchors, keep = [], []
+    for b, (index, seq, mask) in enumerate(zip(rows, seqs, masks)):
+        tokens[b, : len(seq)] = torch.tensor(seq)
+        loss_mask[b, : len(seq)] = torch.tensor(mask)
+        # Drawn on the unpadded sequence with its own generator: padding and batch-mates never change them.
+        a, k = sample_anchors(loss_mask[b : b + 1, : len(seq)], num_anchors, seeded_generator(seed, step, index))
+        anchors.append(a)
+        keep.append(k)
+    tokens, loss_mask = tokens.to(device), loss_mask.to(device)
+    anchors, keep = torch.cat(anchors).to(device), torch.cat(keep).to(device)  # [B, A]
+    blocks = block_targets(tokens, loss_mask, anchors, keep, block_size, gamma)
+    return MicroBatch(tokens, loss_mask, anchors, keep, blocks)

@@ -1,0 +1,112 @@
+"""Held-out evaluation of a draft: teacher-forced block metrics and the online tau (TRAINING.md §4).
+
+Teacher-forced metrics (per-position accuracy acc_k and block tau at every anchor of the held-out data) are
+diagnostics for training curves. The online tau, from the real decode loop with the target at T=0, is the
+only acceptance number to report; it backs `blockdraft eval`.
+
+Shapes: A anchors, K block size.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..decode.generate import generate
+from ..metrics import AcceptanceStats
+from .data import Example
+from .forward import BlockForward, autocast, target_features
+from .objective import anchor_candidates, block_targets, block_tau, weighted_loss
+
+
+@dataclass
+class BlockMetrics:
+    """Sums over supervised block slots, pooled before dividing (over micro-batches, steps and ranks).
+
+    sums [4 + 2K] float64: Σ w·CE, Σ w, Σ tau over full blocks, full blocks, then hits per slot [K] and
+    supervised slots [K]. Ranks all-reduce `sums` as one tensor.
+    """
+
+    block_size: int
+    sums: torch.Tensor
+
+    @classmethod
+    def zeros(cls, block_size: int, device) -> BlockMetrics:
+        return cls(block_size, torch.zeros(4 + 2 * block_size, dtype=torch.float64, device=device))
+
+    def add(self, total: torch.Tensor, hits: torch.Tensor, weights: torch.Tensor) -> None:
+        """Count one batch: total = Σ w·CE (scalar), hits and weights [B, A, K]."""
+        full = weights[..., -1] > 0  # [B, A]: the whole block is supervised
+        taus = block_tau(hits[..., 1:])[full]
+        head = torch.stack([total.detach().double(), weights.double().sum(), taus.double().sum(),
+                            full.double().sum()])
+        slots = torch.cat([hits.double().sum((0, 1)), (weights > 0).double().sum((0, 1))])  # [2K]
+        self.sums += torch.cat([head, slots]).to(self.sums.device)
+
+    def summary(self) -> dict:
+        """loss (Σ w·CE / Σ w), acc [acc_1..acc_{K-1}], tf_tau (None without full blocks), supervised weight."""
+        K = self.block_size
+        loss_sum, weight, tau_sum, full = self.sums[:4].tolist()
+        hits, counted = self.sums[4 : 4 + K], self.sums[4 + K :]
+        acc = [round(h / c, 5) if c else None for h, c in zip(hits[1:].tolist(), counted[1:].tolist())]
+        return {"loss": round(loss_sum / weight, 5) if weight else None, "acc": acc,
+                "tf_tau": round(tau_sum / full, 4) if full else None, "weight": round(weight, 3)}
+
+
+@torch.no_grad()
+def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples: list[Example], *, gamma: float,
+                            max_seq_len: int, anchors_per_pass: int = 512,
+                            autocast_dtype: torch.dtype | None = None) -> BlockMetrics:
+    """Block metrics of the draft over held-out examples, with an anchor at every position of C.
+
+    One target forward per example; its anchors run in passes of `anchors_per_pass` blocks.
+    """
+    target, K = forward.target, forward.draft.config.block_size
+    metrics = BlockMetrics.zeros(K, target.device)
+    for example in examples:
+        tokens = torch.tensor([example.input_ids[:max_seq_len]], device=target.device)  # [1, S]
+        loss_mask = torch.tensor([example.loss_mask[:max_seq_len]], device=target.device)
+        candidates = anchor_candidates(loss_mask)[0].nonzero()[:, 0]
+        if candidates.numel() == 0:
+            continue
+        features = target_features(target, tokens, forward.draft.config.target_layer_ids)
+        for start in range(0, candidates.numel(), anchors_per_pass):
+            anchors = candidates[start : start + anchors_per_pass][None]  # [1, A]
+            keep = torch.ones_like(anchors, dtype=torch.bool)
+            blocks = block_targets(tokens, loss_mask, anchors, keep, K, gamma)
+            with autocast(target.device, autocast_dtype):
+                hidden = forward(tokens, anchors, keep, features)
+            total, hits = weighted_loss(hidden, head, blocks)
+            metrics.add(total, hits, blocks.weights)
+    return metrics
+
+
+def heldout_prompts(examples: list[Example]) -> list[list[int]]:
+    """The prompt of each example: its ids before the first supervised token (examples without one are skipped)."""
+    prompts = []
+    for example in examples:
+        if 1 in example.loss_mask:
+            first = example.loss_mask.index(1)
+            if first > 0:
+                prompts.append(example.input_ids[:first])
+    return prompts
+
+
+def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tokens: int,
+                    block_size: int | None = None, *, batch_size: int = 8) -> AcceptanceStats:
+    """Greedy speculative decoding over held-out prompts; pooled tau, its 1..K histogram, per-position acceptance.
+
+    Prompts run `batch_size` at a time. `seconds` is the total wall time; `new_tokens` counts returned tokens.
+    """
+    K = block_size or draft.config.block_size
+    stats = AcceptanceStats(K)
+    start = time.perf_counter()
+    for first in range(0, len(prompt_ids_list), batch_size):
+        chunk = prompt_ids_list[first : first + batch_size]
+        for result in generate(target, draft, chunk, max_new_tokens=max_new_tokens, block_size=K):
+            stats = stats.merge(result.stats)
+    # Each row's stats carry the wall time of its whole batch; summing them would count a batch many times.
+    stats.seconds = time.perf_counter() - start
+    return stats

@@ -1,0 +1,143 @@
+"""The DFlash training objective (TRAINING.md §2), as pure functions over tensors.
+
+Per sequence: tokens x [S], loss mask m [S] (1 on response tokens), tapped target features F [S, L*D].
+A anchors p_j are drawn from C = {p : m[p] = m[p+1] = 1}; block j is [x[p_j], MASK x (K-1)] at positions
+p_j..p_j+K-1. Block rows see the context strictly before their anchor and their own block (both ways),
+nothing else. Slot k (1..K-1) of block j is trained to predict x[p_j + k] with weight exp(-(k-1)/gamma)
+over the contiguous supervised prefix of the block. Slot 0 never counts.
+
+Shapes: B sequences, S tokens, A anchors, K block size, D hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Blocks:
+    anchors: torch.Tensor  # [B, A] anchor positions p_j (0 where padded)
+    keep: torch.Tensor  # [B, A] bool, False for padding blocks
+    labels: torch.Tensor  # [B, A, K] y_{j,k} = x[p_j + k] (0 past the end)
+    weights: torch.Tensor  # [B, A, K] w_{j,k} float32
+
+
+def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:
+    """C as a bool [B, S]: positions p with m[p] = m[p+1] = 1 (never the last position)."""
+    m = loss_mask.bool()
+    out = torch.zeros_like(m)
+    out[:, :-1] = m[:, :-1] & m[:, 1:]
+    return out
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
+    """Draw min(A, |C|) distinct anchors per row uniformly from C, sorted; pad with keep = False.
+
+    Returns anchors [B, A] long and keep [B, A] bool. Random keys per position, then the A smallest keys
+    among the candidates: uniform without replacement, and independent of the other rows.
+    """
+    cand = anchor_candidates(loss_mask)  # [B, S]
+    keys = torch.rand(cand.shape, generator=generator, device=cand.device)
+    keys = keys.masked_fill(~cand, float("inf"))
+    A = min(num_anchors, cand.shape[1])
+    chosen_keys, chosen = keys.topk(A, dim=1, largest=False)  # [B, A]
+    keep = torch.isfinite(chosen_keys)
+    anchors = torch.where(keep, chosen, torch.zeros_like(chosen))
+    # Sort kept anchors ascending, padding last.
+    order = torch.where(keep, anchors, torch.full_like(anchors, cand.shape[1])).argsort(dim=1)
+    anchors, keep = anchors.gather(1, order), keep.gather(1, order)
+    if A < num_anchors:
+        pad = num_anchors - A
+        anchors = torch.cat([anchors, anchors.new_zeros(anchors.shape[0], pad)], 1)
+        keep = torch.cat([keep, keep.new_zeros(keep.shape[0], pad)], 1)
+    return anchors, keep
+
+
+def decay_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """[K] weights: 0 for slot 0, exp(-(k-1)/gamma) for k >= 1."""
+    k = torch.arange(block_size, dtype=torch.float32)
+    return torch.where(k >= 1, torch.exp(-(k - 1) / gamma), torch.zeros(()))
+
+
+def block_targets(tokens, loss_mask, anchors, keep, block_size: int, gamma: float) -> Blocks:
+    """Labels and weights of every block (TRAINING.md §2.6)."""
+    B, S = tokens.shape
+    idx = anchors[..., None] + torch.arange(block_size, device=tokens.device)  # [B, A, K] absolute positions
+    inside = idx < S
+    flat = idx.clamp(max=S - 1).view(B, -1)
+    labels = tokens.gather(1, flat).view_as(idx) * inside
+    supervised = loss_mask.gather(1, flat).view_as(idx).bool() & inside
+    supervised[..., 0] = True  # slot 0 is excluded by the decay weight, not by the prefix product
+    prefix = supervised.long().cumprod(dim=-1).bool()  # contiguous supervised prefix only
+    valid = prefix & keep[..., None]
+    weights = valid.float() * decay_weights(block_size, gamma).to(tokens.device)
+    return Blocks(anchors, keep, labels, weights)
+
+
+def block_inputs(tokens, anchors, keep, block_size: int, mask_token_id: int):
+    """Block token ids [B, A*K] ([x[p_j], MASK...], MASK for padding blocks) and positions [B, A*K]."""
+    B, A = anchors.shape
+    ids = torch.full((B, A, block_size), mask_token_id, dtype=torch.long, device=tokens.device)
+    ids[..., 0] = torch.where(keep, tokens.gather(1, anchors), torch.full_like(anchors, mask_token_id))
+    positions = anchors[..., None] + torch.arange(block_size, device=tokens.device)  # [B, A, K]
+    return ids.view(B, -1), positions.view(B, -1)
+
+
+def block_attention_mask(anchors, keep, seq_len: int, block_size: int, leaky: bool = False) -> torch.Tensor:
+    """allow(q, c) [B, A*K, S + A*K]: context strictly before the anchor, plus the query's own block.
+
+    `leaky=True` builds the wrong `c <= p_j` variant; it exists only so a test can show it differs.
+    """
+    B, A = anchors.shape
+    c = torch.arange(seq_len, device=anchors.device)
+    p = anchors[..., None]  # [B, A, 1]
+    ctx = ((c <= p) if leaky else (c < p)) & keep[..., None]  # [B, A, S]
+    ctx = ctx[:, :, None, :].expand(B, A, block_size, seq_len).reshape(B, A * block_size, seq_len)
+    block_of_query = torch.arange(A * block_size, device=anchors.device) // block_size
+    own = block_of_query[:, None] == block_of_query[None, :]  # [A*K, A*K]
+    return torch.cat([ctx, own[None].expand(B, -1, -1)], dim=2)
+
+
+def draft_hidden(draft, embed, features, tokens, anchors, keep, block_size: int, leaky: bool = False):
+    """Training-path forward: final-normed draft states [B, A*K, D] for every block at once."""
+    B, S = tokens.shape
+    ids, positions = block_inputs(tokens, anchors, keep, block_size, draft.config.mask_token_id)
+    ctx = draft.project_context(features)  # [B, S, D]
+    ctx_positions = torch.arange(S, device=tokens.device).expand(B, S)
+    ctx_kv = draft.context_kv(ctx, ctx_positions)
+    mask = block_attention_mask(anchors, keep, S, block_size, leaky)
+    return draft(embed(ids), positions, ctx_kv, mask)
+
+
+def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048):
+    """Sum over supervised slots of w * CE, and which supervised slots the draft's argmax gets right.
+
+    hidden [B, A*K, D], head_weight [V, D]. Only rows with w > 0 reach the LM head (A*K*V logits per
+    sequence would not fit otherwise), in chunks. Returns (weighted CE sum: a differentiable scalar,
+    hits [B, A, K] bool: argmax == label on slots with w > 0, False elsewhere).
+    """
+    w = blocks.weights.reshape(-1)
+    rows = (w > 0).nonzero()[:, 0]
+    h = hidden.reshape(-1, hidden.shape[-1])[rows]
+    y = blocks.labels.reshape(-1)[rows]
+    total = hidden.sum() * 0.0  # keeps the graph (and zero grads) when nothing is supervised
+    hits = torch.zeros(w.shape, dtype=torch.bool, device=hidden.device)
+    for start in range(0, rows.shape[0], chunk_rows):
+        sl = slice(start, start + chunk_rows)
+        logits = F.linear(h[sl], head_weight).float()  # [R, V]
+        ce = F.cross_entropy(logits, y[sl], reduction="none")
+        total = total + (ce * w[rows[sl]]).sum()
+        hits[rows[sl]] = logits.argmax(-1) == y[sl]
+    return total, hits.view_as(blocks.weights)
+
+
+def block_tau(hits: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced tau of each block: 1 + sum_k prod_{i<=k} hit_i; hits [..., K-1] bool -> [...] float.
+
+    Averaged over full blocks only (w_{j,K-1} > 0), it is TRAINING.md §4's diagnostic; the caller pools the
+    sums, so that the mean is over blocks, never a mean of per-batch means.
+    """
+    return 1.0 + hits.long().cumprod(dim=-1).sum(dim=-1).float()

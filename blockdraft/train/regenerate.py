@@ -1,0 +1,52 @@
+"""`blockdraft data`: regenerate every training response with the target (batched, with progress)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ..decode.generate import generate
+from ..prompts import training_prompts
+from .data import make_example, select_prompts, write_shard
+
+
+def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_tokens: int = 384,
+                  max_new_tokens: int = 256, batch_size: int = 32, shard_size: int = 512, seed: int = 0) -> dict:
+    """Write data-*.jsonl shards and meta.json under `out`; returns the meta record."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = training_prompts(tuple(sets))
+    chosen, skipped = select_prompts(prompts, target.tokenizer, count=count,
+                                     max_prompt_tokens=max_prompt_tokens, seed=seed)
+    skipped.update(empty_response=0)
+    chosen.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
+    examples, shard, tokens = [], 0, 0
+    columns = [TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tok]} tok"),
+               TimeRemainingColumn()]
+    with Progress(*columns) as progress:
+        task = progress.add_task("data", total=len(chosen), tok=0)
+        for start in range(0, len(chosen), batch_size):
+            batch = chosen[start: start + batch_size]
+            results = generate(target, None, [ids for _, ids in batch], max_new_tokens=max_new_tokens)
+            for (example_id, ids), result in zip(batch, results):
+                if not result.tokens or (result.finish_reason == "stop" and len(result.tokens) == 1):
+                    skipped["empty_response"] += 1  # nothing but the stop token: no block to learn from
+                    continue
+                examples.append(make_example(example_id, ids, result.tokens))
+                tokens += len(result.tokens)
+            while len(examples) >= shard_size:
+                write_shard(out / f"data-{shard:05d}.jsonl", examples[:shard_size])
+                examples, shard = examples[shard_size:], shard + 1
+            progress.update(task, advance=len(batch), tok=tokens)
+    if examples:
+        write_shard(out / f"data-{shard:05d}.jsonl", examples)
+    meta = {
+        "target": target.name, "sets": list(sets), "prompts_requested": count, "examples": len(chosen) - skipped["empty_response"],
+        "response_tokens": tokens, "skipped": skipped, "decoding": "greedy (the target's own argmax)",
+        "chat_template": "target tokenizer's, add_generation_prompt=True", "max_prompt_tokens": max_prompt_tokens,
+        "max_new_tokens": max_new_tokens, "seed": seed,
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return meta

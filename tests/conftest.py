@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny random Llama and Qwen3 targets, drafts over them, and a scripted fake drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.model.target import Target
+
+VOCAB = 96
+
+
+def tiny_target(family: str = "llama", layers: int = 6, seed: int = 0) -> Target:
+    """A random fp32 target small enough to decode hundreds of tokens in a second."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    shape = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**shape))
+    # Random init gives near-uniform logits; scale the head so the argmax is decisive (no near-ties in fp32).
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return Target(model.float().eval())
+
+
+def tiny_draft(target: Target, layers: int = 2, block_size: int = 16, seed: int = 0):
+    from blockdraft.config import DraftConfig
+    from blockdraft.model.draft import DFlashDraftModel
+
+    cfg = DraftConfig.for_target(target.config, num_draft_layers=layers, block_size=block_size,
+                                 mask_token_id=VOCAB - 1)
+    draft = DFlashDraftModel(cfg)
+    draft.init_weights(generator=torch.Generator().manual_seed(seed))
+    return draft.float().eval()
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def target(request) -> Target:
+    return tiny_target(request.param)
+
+
+class ScriptedDrafter:
+    """A fake draft whose proposals are right for exactly the first j slots of each step.
+
+    It knows the target's own greedy continuation of each row (`reference[row]`, prompt included) and
+    cycles j through 0..K-1, so every acceptance length 1..K occurs. Wrong slots propose the correct token
+    plus one (mod V), which the target never agrees with.
+    """
+
+    def __init__(self, reference: list[list[int]], block_size: int) -> None:
+        self.reference = reference
+        self.block_size = block_size
+        self.trained_block_size = block_size
+        self.tap_layer_ids = ()
+        self.calls = 0
+        self.rows = torch.arange(len(reference))
+
+    def start(self, batch: int, capacity: int) -> None:
+        self.rows = torch.arange(batch)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.rows = self.rows[rows]
+
+    def append_context(self, features, counts) -> None:
+        pass
+
+    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+        K = self.block_size
+        right = self.calls % K
+        self.calls += 1
+        logits = torch.zeros(anchors.shape[0], K - 1, VOCAB)
+        for b, (row, s) in enumerate(zip(self.rows.tolist(), anchor_positions.tolist())):
+            ref = self.reference[row]
+            for k in range(1, K):
+                truth = ref[s + k] if s + k < len(ref) else 0
+                token = truth if k <= right else (truth + 1) % VOCAB
+                logits[b, k - 1, token] = 10.0
+        return logits

@@ -1,0 +1,106 @@
+"""The decode loop's spine: speculative greedy output is the target's own greedy output, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.decode.generate import generate
+from blockdraft.errors import InputError
+
+from conftest import ScriptedDrafter, tiny_draft, tiny_target
+
+PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16])
+def test_speculative_greedy_equals_target_greedy(family, block_size):
+    target = tiny_target(family)
+    draft = tiny_draft(target, block_size=16)
+    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    spec = generate(target, draft, PROMPTS, max_new_tokens=40, block_size=block_size, stop_token_ids=[])
+    for b, s in zip(base, spec):
+        assert s.tokens == b.tokens, "speculative decoding changed the target's greedy output"
+        assert len(s.tokens) == 40 and s.finish_reason == "length"
+
+
+def test_baseline_equals_hf_generate():
+    """Our target-only loop is the oracle; it must itself agree with transformers' greedy generate."""
+    target = tiny_target("llama")
+    ours = generate(target, None, [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[])[0].tokens
+    hf = target.model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=30, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)
+    assert hf[0, len(PROMPTS[0]):].tolist() == ours
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_partial_acceptance_every_length_is_exact(block_size):
+    target = tiny_target("qwen3")
+    max_new = block_size * (block_size + 1) // 2 + 8  # one full cycle of j = 0..K-1 and then some
+    base = generate(target, None, PROMPTS, max_new_tokens=max_new + block_size, stop_token_ids=[])
+    reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
+    drafter = ScriptedDrafter(reference, block_size)
+    spec = generate(target, drafter, PROMPTS, max_new_tokens=max_new, stop_token_ids=[])
+    for ref, p, s in zip(reference, PROMPTS, spec):
+        assert s.tokens == ref[len(p): len(p) + max_new], "a partially accepted block changed the output"
+    hist = spec[0].stats.merge(spec[1].stats).merge(spec[2].stats).histogram
+    assert all(n > 0 for n in hist), f"every acceptance length 1..K must occur, histogram {hist}"
+
+
+def test_stop_token_ends_row_and_is_included():
+    target = tiny_target("llama")
+    base = generate(target, None, [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[])[0].tokens
+    stop = base[7]
+    first = base.index(stop)
+    draft = tiny_draft(target)
+    for d in (None, draft):
+        out = generate(target, d, [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[stop])[0]
+        assert out.tokens == base[: first + 1] and out.finish_reason == "stop"
+
+
+def test_rows_finishing_at_different_steps_match_rows_alone():
+    target = tiny_target("llama")
+    draft = tiny_draft(target)
+    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    # A stop token that ends the rows after different numbers of tokens (or not at all).
+    lengths = lambda stop: {r.tokens.index(stop) if stop in r.tokens else 40 for r in base}
+    stop = next(t for t in base[0].tokens if len(lengths(t)) > 1)
+    batch = generate(target, draft, PROMPTS, max_new_tokens=40, block_size=8, stop_token_ids=[stop])
+    for prompt, row in zip(PROMPTS, batch):
+        alone = generate(target, draft, [prompt], max_new_tokens=40, block_size=8, stop_token_ids=[stop])[0]
+        assert row.tokens == alone.tokens and row.finish_reason == alone.finish_reason
+    assert len({len(r.tokens) for r in batch}) > 1, "rows should finish at different steps"
+
+
+def test_acceptance_stats_convention():
+    target = tiny_target("llama")
+    base = generate(target, None, [PROMPTS[0]], max_new_tokens=80, stop_token_ids=[])[0]
+    drafter = ScriptedDrafter([PROMPTS[0] + base.tokens], 8)
+    out = generate(target, drafter, [PROMPTS[0]], max_new_tokens=64, stop_token_ids=[])[0]
+    stats = out.stats
+    assert stats.steps == sum(stats.histogram)
+    # The prefill token is not a speculative step; every later token is counted once in tau.
+    assert stats.tokens >= len(out.tokens) - 1
+    assert 1.0 <= stats.mean_tau <= 8.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        (dict(prompts=[[]]), "empty"),
+        (dict(prompts=[]), "no prompts"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=-3), "max_new_tokens"),
+        (dict(prompts=[[1] * 500]), "context"),
+        (dict(block_size=32), "block_size"),
+        (dict(block_size=1), "block_size"),
+    ],
+)
+def test_bad_input_is_refused_before_compute(kwargs, word):
+    target = tiny_target("llama")
+    draft = tiny_draft(target)
+    args = dict(prompts=[[1, 2, 3]], max_new_tokens=20, block_size=16)
+    args.update(kwargs)
+    with pytest.raises(InputError, match=word):
+        generate(target, draft, args.pop("prompts"), **args)
