@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -15,12 +16,28 @@ from ..hardware import describe_line
 from ..io.targets import load_target, parse_dtype
 from ..metrics import AcceptanceStats
 from ..textstream import TextStream
+from .common import add_model_arguments
 
 console = Console(stderr=True, highlight=False)
 
 
-def run_generate(args, default_prompt: str) -> int:
-    prompt = _read_prompt(args, default_prompt)
+DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("prompt", nargs="?", default=None, help="prompt text (or use --prompt-file)")
+    parser.add_argument("--prompt-file", type=Path, help="read the prompt text from this file")
+    parser.add_argument("--no-chat-template", action="store_true", help="tokenise the prompt as plain text")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--baseline", action="store_true", help="run the target alone")
+    mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
+    add_model_arguments(parser)
+
+
+def run(args) -> int:
+    prompt = _read_prompt(args, DEFAULT_PROMPT)
     dtype = parse_dtype(args.dtype)
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")

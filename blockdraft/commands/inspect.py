@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..config import check_against_target
 from ..io.checkpoint import read_checkpoint
 from ..io.targets import load_target
 
 
-def run_inspect(args) -> int:
+def add_arguments(parser) -> None:
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--target", default=None, help="validate against this target (default: embedded)")
+    parser.add_argument("--strict", action="store_true", help="refuse a provenance fingerprint mismatch")
+
+
+def run(args) -> int:
     cfg, tensors = read_checkpoint(args.checkpoint)
     print(json.dumps(cfg.to_dict(), indent=2))
     params = sum(t.numel() for t in tensors.values())

@@ -82,7 +82,7 @@ def stream(
     check_request(target, prompts, max_new_tokens, K, drafter.trained_block_size if drafter else None)
     if stop_token_ids is None:
         stop_token_ids = _eos_ids(target)
-    selector = selector or Selector()
+    selector = selector or Selector(num_rows=len(prompts))
     capacity = max(len(p) for p in prompts) + max_new_tokens + K
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)

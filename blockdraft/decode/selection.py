@@ -1,8 +1,9 @@
 """Turning logits into tokens inside the decode loop: greedy argmax or exact rejection sampling.
 
-The selector is the only place where the decode loop meets the sampling math; the math itself
-lives in `blockdraft.sampling` as pure functions. Each caller row owns one torch.Generator, so a row
-draws the same numbers whatever batch it shares and whichever rows finish before it.
+The selector is the only place where the decode loop meets the sampling math; the math itself lives in
+`blockdraft.sampling` as pure functions, and the one logits -> probs transform runs identically on the
+target's logits (p) and the draft's (q). Each caller row owns one torch.Generator, so a row draws the
+same numbers whatever batch it shares and whichever rows finish before it.
 
 Shapes: B live rows, K block size, V vocabulary.
 """
@@ -11,28 +12,57 @@ from __future__ import annotations
 
 import torch
 
-
-def greedy_accept_length(proposals: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
-    """Longest prefix where proposals [B, K-1] equal the target's argmax at slots 0..K-2 ([B, K]) -> [B]."""
-    agree = (proposals == target_tokens[:, :-1]).long()  # [B, K-1]
-    return agree.cumprod(dim=1).sum(dim=1)
+from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
 
 
 class Selector:
-    """Greedy selection (temperature 0)."""
+    """Greedy (temperature 0) or sampled selection for rows identified by the caller's row ids.
+
+    `draft_argmax=True` proposes the draft's argmax instead of sampling from q; acceptance then uses the
+    one-hot q, which is still exact (DESIGN.md §3).
+    """
+
+    def __init__(self, params: SamplingParams | None = None, num_rows: int = 0, draft_argmax: bool = False,
+                 seeds: list[int] | None = None) -> None:
+        self.params = params or SamplingParams()
+        self.draft_argmax = draft_argmax
+        self.generators: list[torch.Generator] = []
+        if not self.params.greedy:
+            base = self.params.seed if self.params.seed is not None else int(torch.seed() % 2**62)
+            seeds = seeds if seeds is not None else [base + row for row in range(num_rows)]
+            self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+
+    def _rows(self, row_ids: torch.Tensor) -> list[torch.Generator]:
+        return [self.generators[row] for row in row_ids.tolist()]
 
     def first_token(self, logits: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
-        """Token for logits [B, V] -> [B]."""
-        return logits.argmax(dim=-1)
+        """The token after the prompt from the target's logits [B, V] -> [B]."""
+        if self.params.greedy:
+            return logits.argmax(dim=-1)
+        return sample(logits_to_probs(logits, self.params), self._rows(row_ids)).to(logits.device)
 
     def propose(self, draft_logits, anchors, row_ids):
-        """Proposals [B, K-1] from draft logits [B, K-1, V] (None: an empty block), and the draft's q."""
+        """Proposals [B, K-1] and the draft's q [B, K-1, V] (None when greedy) from draft logits [B, K-1, V].
+
+        draft_logits None means an empty block (the target alone): no proposals.
+        """
         if draft_logits is None:
             return anchors.new_zeros(anchors.shape[0], 0), None
-        return draft_logits.argmax(dim=-1), None
+        if self.params.greedy:
+            return draft_logits.argmax(dim=-1), None
+        if self.draft_argmax:
+            proposals = draft_logits.argmax(dim=-1)
+            q = torch.nn.functional.one_hot(proposals, draft_logits.shape[-1]).float()
+            logits_to_probs(draft_logits, self.params)  # still refuses NaN/inf draft logits
+            return proposals, q
+        q = logits_to_probs(draft_logits, self.params)
+        return sample(q, self._rows(row_ids)).to(anchors.device), q
 
     def accept(self, target_logits, draft_probs, proposals, row_ids):
-        """Number of accepted proposals [B] and the target's token at the first disagreement [B]."""
-        target_tokens = target_logits.argmax(dim=-1)  # [B, K]
-        num_accepted = greedy_accept_length(proposals, target_tokens)
-        return num_accepted, target_tokens.gather(1, num_accepted[:, None])[:, 0]
+        """Number of accepted proposals [B] and the target's own token at slot a [B] (bonus or replacement)."""
+        if self.params.greedy:
+            return greedy_step(target_logits, proposals)
+        p = logits_to_probs(target_logits, self.params)  # [B, K, V]
+        q = draft_probs if draft_probs is not None else p.new_zeros(p.shape[0], 0, p.shape[-1])
+        num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids))
+        return num_accepted.to(proposals.device), token.to(proposals.device)

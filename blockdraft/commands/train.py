@@ -1,0 +1,11 @@
+"""`blockdraft train`."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    pass
+
+
+def run(args) -> int:
+    raise SystemExit("blockdraft train: not available in this version")

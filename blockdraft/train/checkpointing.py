@@ -1,0 +1,92 @@
+"""Training checkpoints: all a killed run needs to continue as if it had never stopped (TRAINING.md §7).
+
+`out/checkpoint/` holds
+- `config.json` + `model.safetensors`: the draft's fp32 master weights (a loadable draft folder as well);
+- `trainer_state.safetensors`: the AdamW state, flattened to `<parameter name>.<exp_avg|exp_avg_sq|step>`;
+- `trainer_state.json`: step, epoch, position in the epoch, schedule, seeds and the run's TrainConfig.
+Only safetensors and JSON: nothing is pickled. Data order and anchors are functions of (seed, epoch, step,
+index), so the step and the position restore them; there is no RNG state to carry.
+
+A new checkpoint is written to `checkpoint.partial/` and swapped in by renames; a kill while saving leaves
+the previous checkpoint (possibly as `checkpoint.old/`) intact.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..config import DraftConfig
+from ..errors import CheckpointError
+from ..io.checkpoint import read_checkpoint, write_checkpoint
+
+CHECKPOINT = "checkpoint"
+STATE_JSON = "trainer_state.json"
+STATE_TENSORS = "trainer_state.safetensors"
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The complete checkpoint under `out` (the json is written last), else the one a kill left as `.old`."""
+    for name in (CHECKPOINT, CHECKPOINT + ".old"):
+        if (out / name / STATE_JSON).is_file():
+            return out / name
+    return None
+
+
+def save_training_state(out: Path, cfg: DraftConfig, draft: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        names: list[str], state: dict) -> Path:
+    """Write `out/checkpoint/` (draft fp32, optimizer, state json) atomically; returns its path.
+
+    `names` are the trainable parameters' names in optimizer order.
+    """
+    final, partial, old = out / CHECKPOINT, out / (CHECKPOINT + ".partial"), out / (CHECKPOINT + ".old")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_checkpoint(partial, cfg, draft.state_dict(), dtype=torch.float32)
+    save_file(_flatten_optimizer(optimizer, names), str(partial / STATE_TENSORS), metadata={"format": "pt"})
+    (partial / STATE_JSON).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    partial.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer, names: list[str]) -> dict:
+    """Restore draft weights and optimizer state from `folder` in place; returns the state json."""
+    saved_cfg, tensors = read_checkpoint(folder, dtype=torch.float32)
+    if saved_cfg != cfg:
+        # Same TrainConfig but another draft shape or interface means another target: continuing would mix them.
+        raise CheckpointError(f"{folder}/config.json describes another draft than this run builds "
+                              f"(saved {saved_cfg}, now {cfg}); resume with the same target, or use a new out_dir")
+    draft.load_state_dict(tensors, strict=True)
+    optimizer.load_state_dict({"state": _unflatten_optimizer(folder / STATE_TENSORS, names),
+                               "param_groups": optimizer.state_dict()["param_groups"]})
+    return json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    flat = {}
+    for index, slots in optimizer.state_dict()["state"].items():
+        for key, value in slots.items():
+            flat[f"{names[index]}.{key}"] = torch.as_tensor(value).detach().to("cpu", copy=True).contiguous()
+    return flat
+
+
+def _unflatten_optimizer(file: Path, names: list[str]) -> dict[int, dict[str, torch.Tensor]]:
+    index = {name: i for i, name in enumerate(names)}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    with safe_open(str(file), framework="pt") as handle:
+        for key in handle.keys():
+            name, slot = key.rsplit(".", 1)
+            if name not in index:
+                raise CheckpointError(f"{file} holds optimizer state for `{name}`, which this draft does not "
+                                      "train; resume with the same draft configuration, or use a new out_dir")
+            state.setdefault(index[name], {})[slot] = handle.get_tensor(key)
+    return state

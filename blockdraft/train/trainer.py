@@ -1,0 +1,409 @@
+"""`train(target, cfg)`: the DFlash draft training loop (TRAINING.md §2, §7), single process or torchrun.
+
+Per optimizer step:
+1. Batch: the step's global batch (a slice of the epoch's seeded order); this rank takes every world-th
+   sequence, cut into micro-batches; anchors are drawn per sequence from (seed, step, dataset index).
+2. Normaliser: W = Σ w over the whole step, all-reduced over ranks before any forward. W = 0: every rank
+   skips the step (they all see the same W, so no collective is left waiting).
+3. Micro-batches: a no-grad target forward gives the features; the draft runs over every block; each
+   micro-batch backpropagates world_size · Σ w·CE / W (DDP averages gradients; it syncs on the last one).
+4. Update: clip, AdamW at the warmup-cosine learning rate of this step.
+Then log, evaluate on held-out data, checkpoint (rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..config import DraftConfig, check_against_target, choose_mask_token_id, gamma_for_block_size, provenance_for
+from ..errors import ConfigError, InputError
+from ..io.checkpoint import read_checkpoint, write_checkpoint
+from ..io.targets import parse_dtype
+from ..model.draft import DFlashDraftModel
+from ..model.target import Target
+from .batches import epoch_batches, make_micro_batch, rank_micro_batches, seeded_generator, split_heldout
+from .checkpointing import latest_checkpoint, load_training_state, save_training_state
+from .data import Example, read_examples
+from .evaluate import BlockMetrics, evaluate_teacher_forced
+from .forward import BlockForward, autocast, freeze_target, head_weight, target_features
+from .objective import weighted_loss
+from .report import MetricsLog, plot_curves, progress_bar, progress_info
+
+# Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
+OPERATIONAL_FIELDS = ("data_dir", "out_dir", "save_every", "eval_every", "log_every", "resume")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run (TRAINING.md §1 defaults). batch_size counts sequences per optimizer step, all ranks
+    together; micro_batch_size is per rank (None: the rank's whole share at once)."""
+
+    data_dir: Path
+    out_dir: Path
+    num_draft_layers: int = 5
+    block_size: int = 16
+    gamma: float | None = None  # None: the published value for block_size (7, 5, 4 for 16, 10, 8)
+    anchors: int = 512
+    max_seq_len: int = 3072
+    lr: float = 6e-4
+    warmup_fraction: float = 0.04
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    epochs: int = 6
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    save_every: int = 500
+    eval_every: int = 500
+    log_every: int = 10
+    val_fraction: float = 0.02  # held out at random, unless data_dir/val/ has its own shards
+    seed: int = 0
+    dtype: str = "bfloat16"  # autocast compute dtype; master weights and optimizer state stay fp32
+    cpu_autocast: bool = False  # CPU runs in fp32 unless this is set
+    max_steps: int | None = None  # caps the run and its schedule
+    init_from: Path | None = None  # start from this draft folder instead of a random init
+    mask_token_id: int | None = None  # None: TRAINING.md §1's order (tokenizer mask, spare row, unused special)
+    target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
+    resume: bool = True  # continue out_dir/checkpoint if present
+
+    def __post_init__(self) -> None:
+        for name in ("data_dir", "out_dir", "init_from"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.target_layer_ids is not None:
+            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        problems = [f"`{name}` must be an integer >= {low}, got {getattr(self, name)!r}"
+                    for name, low in (("num_draft_layers", 1), ("block_size", 2), ("anchors", 1), ("max_seq_len", 2),
+                                      ("epochs", 1), ("batch_size", 1), ("save_every", 1), ("eval_every", 1),
+                                      ("log_every", 1), ("micro_batch_size", 1), ("max_steps", 1))
+                    if getattr(self, name) is not None and not _int_at_least(getattr(self, name), low)]
+        checks = [("lr", self.lr > 0, "> 0"), ("min_lr", 0 <= self.min_lr <= self.lr, "in [0, lr]"),
+                  ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
+                  ("weight_decay", self.weight_decay >= 0, ">= 0"), ("clip", self.clip > 0, "> 0"),
+                  ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
+                  ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
+                  ("dtype", self.dtype in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32")]
+        problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
+        if problems:
+            raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")
+        if self.gamma is None:
+            gamma_for_block_size(self.block_size)  # no published gamma for this K: refuse now, not mid-run
+
+    @property
+    def loss_gamma(self) -> float:
+        return self.gamma if self.gamma is not None else gamma_for_block_size(self.block_size)
+
+    def run_fields(self) -> dict:
+        """The fields that define the run's result, as JSON values (stored with every checkpoint)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in OPERATIONAL_FIELDS}
+        return {k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def _int_at_least(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+@dataclass
+class Ranks:
+    """This process's place in a torchrun job (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world: int = 1
+    owned: bool = False  # this trainer started the process group, so it also ends it
+
+    @classmethod
+    def start(cls, device: torch.device) -> Ranks:
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            return cls(dist.get_rank(), dist.get_world_size(), owned=True)
+        return cls()
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def stop(self) -> None:
+        if self.owned:
+            dist.destroy_process_group()
+
+
+@dataclass
+class Run:
+    """Everything the loop reads and advances; the position (step, epoch, position) is what a checkpoint stores."""
+
+    cfg: TrainConfig
+    target: Target
+    ranks: Ranks
+    examples: list[Example]
+    train_indices: list[int]
+    val_indices: list[int]
+    draft_cfg: DraftConfig
+    forward: BlockForward
+    model: torch.nn.Module  # forward, wrapped in DDP under torchrun
+    optimizer: torch.optim.Optimizer
+    names: list[str]
+    head: torch.Tensor
+    autocast_dtype: torch.dtype | None
+    total_steps: int
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    metrics: BlockMetrics | None = None
+    last_train: dict | None = None
+    last_val: dict | None = None
+    grad_norm: float = 0.0
+    skipped: int = 0
+    batches: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def max_len(self) -> int:
+        return min(self.cfg.max_seq_len, self.target.max_positions)
+
+    def batches_of(self, epoch: int) -> list[list[int]]:
+        """The epoch's global batches (only the current epoch's are kept)."""
+        if epoch not in self.batches:
+            self.batches = {epoch: epoch_batches(self.train_indices, epoch, self.cfg.batch_size, self.cfg.seed)}
+        return self.batches[epoch]
+
+
+def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> Path:
+    """Train a draft for `target` on `cfg.data_dir`; returns the final draft folder `cfg.out_dir/draft`.
+
+    `on_step(step)` is called on every rank after each optimizer step (and its logging and checkpoint).
+    """
+    ranks = Ranks.start(target.device)
+    try:
+        run, log = _prepare(target, cfg, ranks)
+        with progress_bar(ranks.rank == 0) as progress:
+            task = progress.add_task("train", total=run.total_steps, completed=run.step, info="")
+            while run.step < run.total_steps:
+                _step(run)
+                _after_step(run, log)
+                info = progress_info(run.last_train, run.last_val, _lr(run, run.step - 1))
+                progress.update(task, completed=run.step, info=info)
+                if on_step is not None:
+                    on_step(run.step)
+        return _finish(run, log)
+    finally:
+        ranks.stop()
+
+
+def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, MetricsLog | None]:
+    """Refuse bad inputs, build the draft and optimizer, and restore a checkpoint: all before any step."""
+    freeze_target(target)
+    examples, train_indices, val_indices = _load_data(cfg)
+    draft_cfg, draft = _build_draft(target, cfg)
+    _check_data(examples, draft_cfg, cfg.data_dir)
+    forward = BlockForward(draft, target)
+    named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([p for _, p in named], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    names = [n for n, _ in named]
+    per_epoch = math.ceil(len(train_indices) / cfg.batch_size)
+    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(per_epoch * cfg.epochs, cfg.max_steps)
+    use_autocast = cfg.dtype != "float32" and (target.device.type != "cpu" or cfg.cpu_autocast)
+    autocast_dtype = parse_dtype(cfg.dtype) if use_autocast else None
+    run = Run(cfg, target, ranks, examples, train_indices, val_indices, draft_cfg, forward, forward, optimizer,
+              names, head_weight(target, autocast_dtype or torch.float32), autocast_dtype, total)
+    resume_step = _restore(run)
+    if ranks.world > 1:
+        device_ids = [target.device.index] if target.device.type == "cuda" else None
+        run.model = torch.nn.parallel.DistributedDataParallel(forward, device_ids=device_ids)
+    run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
+    log = None
+    if ranks.rank == 0:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        log = MetricsLog(cfg.out_dir / "metrics.jsonl", resume_step)
+    return run, log
+
+
+def _load_data(cfg: TrainConfig) -> tuple[list[Example], list[int], list[int]]:
+    """All examples, plus the train and held-out index lists (a `val/` folder wins over val_fraction)."""
+    examples = read_examples(cfg.data_dir)
+    val_folder = cfg.data_dir / "val"
+    if cfg.data_dir.is_dir() and any(val_folder.glob("data-*.jsonl")):
+        held = read_examples(val_folder)
+        train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
+        examples = examples + held
+    else:
+        train_indices, val_indices = split_heldout(len(examples), cfg.val_fraction, cfg.seed)
+    if not train_indices:
+        raise InputError(f"{cfg.data_dir} holds no training examples; build data with `blockdraft data`")
+    return examples, train_indices, val_indices
+
+
+def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashDraftModel]:
+    """A fresh draft shaped like the target, or `init_from`'s; checked against the target before any step."""
+    provenance = provenance_for(target.config, target.tokenizer, target=target.name or None)
+    if cfg.init_from is not None:
+        draft_cfg, tensors = read_checkpoint(cfg.init_from, dtype=torch.float32)
+        _check_init(cfg, draft_cfg)
+    else:
+        mask = choose_mask_token_id(target.tokenizer, target.config, cfg.mask_token_id)
+        draft_cfg = DraftConfig.for_target(target.config, cfg.num_draft_layers, cfg.block_size,
+                                           mask_token_id=mask, target_layer_ids=cfg.target_layer_ids)
+    draft_cfg = dataclasses.replace(draft_cfg, provenance=provenance)
+    for message in check_against_target(draft_cfg, target.config, target.tokenizer):
+        warnings.warn(message, stacklevel=3)
+    draft = DFlashDraftModel(draft_cfg)
+    if cfg.init_from is not None:
+        draft.load_state_dict(tensors, strict=True)
+    else:
+        draft.init_weights(0.02, generator=seeded_generator(cfg.seed, -2))
+    return draft_cfg, draft.to(device=target.device, dtype=torch.float32).train()
+
+
+def _check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
+    # The loaded draft defines the shape and interface; a TrainConfig that says otherwise is a mistake.
+    wanted = {"num_hidden_layers": cfg.num_draft_layers, "block_size": cfg.block_size,
+              "mask_token_id": cfg.mask_token_id, "target_layer_ids": cfg.target_layer_ids}
+    wrong = [f"{k} {v!r} vs the draft's {getattr(draft_cfg, k)!r}" for k, v in wanted.items()
+             if v is not None and v != getattr(draft_cfg, k)]
+    if draft_cfg.final_logit_softcapping is not None:
+        wrong.append("the draft uses final_logit_softcapping, which training does not apply")
+    if wrong:
+        raise ConfigError(f"`init_from` {cfg.init_from} does not match the training config: {'; '.join(wrong)}; "
+                          "set the training options to the draft's values")
+
+
+def _check_data(examples: list[Example], draft_cfg: DraftConfig, where: Path) -> None:
+    """Refuse a mask id that occurs in the data (TRAINING.md §5.6) and ids outside the embedding."""
+    for example in examples:
+        ids = set(example.input_ids)
+        if draft_cfg.mask_token_id in ids:
+            raise ConfigError(f"the mask token id {draft_cfg.mask_token_id} occurs in example {example.id!r} of "
+                              f"{where}; the mask must be a token the data never contains; pass another "
+                              "mask_token_id (an unused special token)")
+        if max(ids) >= draft_cfg.vocab_size:
+            raise InputError(f"example {example.id!r} of {where} has token id {max(ids)}, outside the target's "
+                             f"{draft_cfg.vocab_size}-row embedding; the data was built with another tokenizer; "
+                             "rebuild it with this target")
+
+
+def _restore(run: Run) -> int | None:
+    """Load out_dir's checkpoint into the run (if resuming); returns its step, or None for a fresh run."""
+    cfg = run.cfg
+    folder = latest_checkpoint(cfg.out_dir)
+    if folder is None:
+        return None
+    if not cfg.resume:
+        raise InputError(f"{cfg.out_dir} already holds a training checkpoint; pass resume=True (--resume) to "
+                         "continue it, or choose an empty out_dir")
+    state = load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
+    changed = sorted(k for k, v in cfg.run_fields().items() if state["config"].get(k) != v)
+    if changed:
+        raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
+                          f"({ {k: state['config'].get(k) for k in changed} }); use the same settings or a new out_dir")
+    run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
+    run.skipped = state.get("skipped", 0)
+    return run.step
+
+
+def _lr(run: Run, step: int) -> float:
+    """Linear warmup over the first warmup_fraction of steps, then cosine down to min_lr."""
+    cfg, total = run.cfg, run.total_steps
+    warmup = math.ceil(cfg.warmup_fraction * total)
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _step(run: Run) -> None:
+    """One optimizer step (numbered as in the module docstring); advances step, epoch and position."""
+    cfg, ranks, K = run.cfg, run.ranks, run.draft_cfg.block_size
+    # 1. Batch.
+    batch = run.batches_of(run.epoch)[run.position]
+    micro_size = cfg.micro_batch_size or math.ceil(cfg.batch_size / ranks.world)
+    micro = [make_micro_batch(run.examples, part, step=run.step, seed=cfg.seed, num_anchors=cfg.anchors,
+                              block_size=K, gamma=cfg.loss_gamma, max_seq_len=run.max_len, device=run.device,
+                              dummy_index=batch[0])
+             for part in rank_micro_batches(batch, ranks.rank, ranks.world, micro_size)]
+    # 2. Normaliser, before any forward: the weights do not depend on the model.
+    W = float(ranks.sum(torch.tensor(sum(m.weight for m in micro), dtype=torch.float64, device=run.device)))
+    if W > 0:
+        # 3. Micro-batches.
+        for i, mb in enumerate(micro):
+            sync = i == len(micro) - 1 or ranks.world == 1
+            with nullcontext() if sync else run.model.no_sync():
+                features = target_features(run.target, mb.tokens, run.draft_cfg.target_layer_ids)
+                with autocast(run.device, run.autocast_dtype):
+                    hidden = run.model(mb.tokens, mb.anchors, mb.keep, features)
+                    total, hits = weighted_loss(hidden, run.head, mb.blocks)
+                (total * (ranks.world / W)).backward()
+            run.metrics.add(total, hits, mb.blocks.weights)
+        # 4. Update.
+        for group in run.optimizer.param_groups:
+            group["lr"] = _lr(run, run.step)
+        run.grad_norm = float(torch.nn.utils.clip_grad_norm_(run.forward.parameters(), cfg.clip))
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    else:
+        run.skipped += 1
+    run.step += 1
+    run.position += 1
+    if run.position == len(run.batches_of(run.epoch)):
+        run.epoch, run.position = run.epoch + 1, 0
+
+
+def _after_step(run: Run, log: MetricsLog | None) -> None:
+    """Log every log_every steps, evaluate every eval_every, checkpoint every save_every (and at the end)."""
+    cfg, step, last = run.cfg, run.step, run.step == run.total_steps
+    if step % cfg.log_every == 0 or last:
+        # Every rank reaches this at the same step: the one all-reduce of the interval's sums.
+        summary = BlockMetrics(run.metrics.block_size, run.ranks.sum(run.metrics.sums)).summary()
+        run.metrics = BlockMetrics.zeros(run.draft_cfg.block_size, run.device)
+        run.last_train = {"split": "train", "step": step, "epoch": run.epoch, "lr": _lr(run, step - 1),
+                          "loss": summary["loss"], "acc": summary["acc"], "grad_norm": round(run.grad_norm, 5),
+                          "skipped": run.skipped}
+        if log is not None:
+            log.write(run.last_train)
+    if run.val_indices and (step % cfg.eval_every == 0 or last):
+        run.last_val = _evaluate(run)
+        if log is not None:
+            log.write({"split": "val", "step": step, **run.last_val})
+            plot_curves(log.records, cfg.out_dir / "curves.png")
+    if (step % cfg.save_every == 0 or last) and run.ranks.rank == 0:
+        state = {"format": 1, "step": step, "epoch": run.epoch, "position": run.position,
+                 "skipped": run.skipped, "total_steps": run.total_steps,
+                 "scheduler": {"kind": "linear warmup, cosine", "lr": _lr(run, step - 1),
+                               "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
+                 "rng": {"seed": cfg.seed, "order": "sha256(seed, epoch)", "anchors": "sha256(seed, step, index)"},
+                 "config": cfg.run_fields()}
+        save_training_state(cfg.out_dir, run.draft_cfg, run.forward.draft, run.optimizer, run.names, state)
+
+
+def _evaluate(run: Run) -> dict:
+    """Teacher-forced held-out metrics; ranks split the held-out examples and pool the sums."""
+    mine = [run.examples[i] for i in run.val_indices[run.ranks.rank :: run.ranks.world]]
+    metrics = evaluate_teacher_forced(run.forward, run.head, mine, gamma=run.cfg.loss_gamma,
+                                      max_seq_len=run.max_len,
+                                      anchors_per_pass=run.cfg.anchors, autocast_dtype=run.autocast_dtype)
+    summary = BlockMetrics(metrics.block_size, run.ranks.sum(metrics.sums)).summary()
+    return {k: summary[k] for k in ("loss", "acc", "tf_tau")}
+
+
+def _finish(run: Run, log: MetricsLog | None) -> Path:
+    """Write the final draft (bf16, with provenance) to out_dir/draft on rank 0."""
+    folder = run.cfg.out_dir / "draft"
+    if run.ranks.rank == 0:
+        write_checkpoint(folder, run.draft_cfg, run.forward.draft.state_dict(), dtype=torch.bfloat16)
+        if log is not None and log.records:
+            plot_curves(log.records, run.cfg.out_dir / "curves.png")
+    return folder
