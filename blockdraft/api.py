@@ -5,6 +5,10 @@
     draft = load_draft(target=target)           # the draft shipped for it
     out = generate(target, draft, "Write a haiku about the sea.", max_new_tokens=64)
     print(out.text, out.stats.mean_tau)
+
+    from blockdraft.sampling import SamplingParams
+    outs = generate(target, draft, ["Name a color.", "Count to five."],           # one batch, mixed lengths
+                    sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=0))  # prompt i uses seed 0 + i
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import torch
 from .config import DraftConfig, check_against_target, choose_mask_token_id
 from .decode.generate import GenerationResult
 from .decode.generate import generate as generate_ids
+from .decode.selection import Selector
 from .errors import InputError
 from .io.checkpoint import read_checkpoint
 from .io.targets import EMBEDDED_HUB_ID
 from .metrics import AcceptanceStats
 from .model.draft import DFlashDraftModel
 from .model.target import Target
+from .sampling import SamplingParams
 from .train.data import encode_prompt
 
 SHIPPED_DRAFTS = Path(__file__).parent / "drafts"
@@ -73,27 +79,58 @@ def _place(draft: DFlashDraftModel, target: Target | None) -> DFlashDraftModel:
     return draft.eval()
 
 
-def encode(target: Target, prompt: str | list[int], chat: bool = True) -> list[int]:
-    """Token ids of a prompt: text goes through the chat template (or plain tokenisation with chat=False)."""
+def encode(target: Target, prompt, chat: bool = True) -> list[int]:
+    """Token ids of one prompt: text, chat messages ({"role", "content"} dicts) or token ids.
+
+    Text goes through the chat template (plain tokenisation with chat=False or a tokenizer without a template);
+    messages always need the template; ids pass through unchanged.
+    """
     if isinstance(prompt, str):
         if not prompt.strip():
             raise InputError("the prompt is empty; give some text to continue")
         if chat and getattr(target.tokenizer, "chat_template", None):
             return encode_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
         return list(target.tokenizer(prompt)["input_ids"])
+    if _is_messages(prompt):
+        # Flattening a conversation without the template would silently drop the role markers.
+        if not chat or not getattr(target.tokenizer, "chat_template", None):
+            raise InputError("a conversation (chat messages) needs the tokenizer's chat template, which is "
+                             f"{'switched off' if not chat else 'missing'}; pass plain text or token ids instead")
+        return encode_prompt(target.tokenizer, prompt)
     return list(prompt)
 
 
-def generate(target: Target, draft: DFlashDraftModel | None, prompt, *, max_new_tokens: int = 256,
-             block_size: int | None = None, chat: bool = True, stop_token_ids=None):
-    """Generate for one prompt (text or ids) -> Completion, or for a list of prompts -> list[Completion]."""
-    single = isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int))
-    prompts = [prompt] if single else list(prompt)
+def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, *, max_new_tokens: int = 256,
+             block_size: int | None = None, chat: bool = True, stop_token_ids=None,
+             sampling: SamplingParams | None = None, draft_argmax: bool = False):
+    """Generate for one prompt -> Completion, or for a list of prompts -> list[Completion], decoded as one batch.
+
+    A prompt is text, chat messages or token ids (see `encode`); prompts of different lengths batch together.
+    `sampling` None or temperature 0 is greedy. At temperature > 0 the output is distributed exactly as the
+    target's own sampling. Prompt i draws from its own generator seeded with `sampling.seed + i`, so a seeded
+    call is reproducible and prompt i gives the same tokens alone with seed `seed + i` as in the batch (up to
+    float rounding between batch shapes). `draft_argmax` proposes the draft's argmax instead of sampling it;
+    still exact, and greedy decoding ignores it. `stop_token_ids` None stops at the target's end-of-sequence ids.
+    """
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise InputError(f"`sampling` must be a SamplingParams or None, got {type(sampling).__name__}; "
+                         "pass SamplingParams(temperature=..., top_p=..., seed=...)")
+    single = isinstance(prompt_or_prompts, str) or _is_messages(prompt_or_prompts) or _is_ids(prompt_or_prompts)
+    prompts = [prompt_or_prompts] if single else list(prompt_or_prompts)
     ids = [encode(target, p, chat) for p in prompts]
+    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
     results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
-                           stop_token_ids=stop_token_ids)
+                           stop_token_ids=stop_token_ids, selector=selector)
     done = [_completion(target, r) for r in results]
     return done[0] if single else done
+
+
+def _is_ids(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], int)
+
+
+def _is_messages(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], dict)
 
 
 def _completion(target: Target, result: GenerationResult) -> Completion:

@@ -48,7 +48,7 @@ def one_thread():
 
 
 def _setup(family: str):
-    target = tiny_target(family, layers=4)
+    target = tiny_target(family)
     draft = tiny_draft(target, layers=2, block_size=K)
     torch.manual_seed(3)
     tokens = torch.randint(3, VOCAB - 1, (1, S))
@@ -130,7 +130,7 @@ def test_labels_and_weights():
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @torch.no_grad()
 def test_features_are_layer_outputs(family):
-    target = tiny_target(family, layers=4)
+    target = tiny_target(family)
     layers = target.model.model.layers
     outputs = {}
     hooks = [layer.register_forward_hook(lambda m, i, o, n=n: outputs.__setitem__(n, o))
@@ -150,7 +150,7 @@ def test_features_are_layer_outputs(family):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_all_invalid_gives_zero_loss_and_zero_grads(family):
-    target = tiny_target(family, layers=4)
+    target = tiny_target(family)
     draft = tiny_draft(target, layers=2, block_size=8).train()
     tokens = torch.randint(3, VOCAB - 1, (2, 20))
     mask = torch.zeros(2, 20, dtype=torch.long)

@@ -1,11 +1,105 @@
-"""`blockdraft bench`."""
+"""`blockdraft bench`: same-run benchmark of the target alone, HF generate, prompt lookup and speculative decoding.
+
+Prints the tables, writes OUT/bench.json and OUT/bench.png, and ends stdout with one JSON line.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..api import DEFAULT_DRAFT, encode, load_draft
+from ..bench import BenchSettings, benchmark
+from ..bench.plot import save_plot
+from ..bench.report import render, save_json, summary_line
+from ..decode.generate import check_request
+from ..errors import InputError
+from ..io.targets import load_target, parse_dtype
+from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
+from .common import add_model_arguments
+
 
 def add_arguments(parser) -> None:
-    pass
+    sets = ", ".join(benchmark_set_names())
+    parser.add_argument("--prompts", default="mt-bench", help=f"a benchmark set ({sets}) or a .jsonl/.txt file")
+    parser.add_argument("--limit", type=int, default=10, help="use the first N prompts of the set")
+    parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="prompts decoded together by batched methods (prompt lookup always runs one at a time)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
+    add_model_arguments(parser)
 
 
 def run(args) -> int:
-    raise SystemExit("blockdraft bench: not available in this version")
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size)):
+        if value <= 0:
+            raise InputError(f"`{flag}` must be a positive integer, got {value}")
+    # Prompts first: a wrong set name or a bad file line fails in milliseconds, before the model loads.
+    prompts = load_prompts(args.prompts, args.limit)
+    if not prompts:
+        raise InputError(f"prompt source {args.prompts!r} gave no prompts; pass a set or file with prompts")
+    _refuse_training_sets(prompts)
+    stderr = Console(stderr=True, highlight=False)
+    with stderr.status("loading target and draft"):
+        target = load_target(args.target, dtype=parse_dtype(args.dtype), device=args.device)
+        draft = load_draft(args.draft, target)
+    if not getattr(draft, "trained", True):
+        stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
+                     "(output is exact, acceptance is near 1)[/yellow]")
+    ids = [_encode(target, p.messages) for p in prompts]
+    block_size = args.block_size or draft.config.block_size
+    check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size)
+    settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
+               "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True)}
+    draft_folder = _draft_folder(args.draft)
+    return report(target, draft, ids, settings, args.out, prompt_ids=[f"{p.set}:{p.id}" for p in prompts],
+                  context=context, draft_folder=draft_folder)
+
+
+def report(target, draft, prompts: list[list[int]], settings: BenchSettings, out: Path, **kwargs) -> int:
+    """Benchmark with a progress bar on stderr; tables on stdout, files in `out`, the JSON line last."""
+    # A pipe or file gets a fixed width: rich's 80-column default would cut the table's columns.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("warm-up", total=None)
+
+        def on_progress(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=description)
+
+        document = benchmark(target, draft, prompts, settings, on_progress=on_progress, **kwargs)
+    json_path = save_json(document, out)
+    png_path = save_plot(document, out)
+    render(document, console)
+    console.print(f"wrote {json_path} and {png_path}")
+    print(summary_line(document, out), flush=True)
+    return 0
+
+
+def _refuse_training_sets(prompts) -> None:
+    # Drafts are trained on these sets; acceptance measured on them overstates every speedup.
+    trained_on = sorted({p.set for p in prompts if p.set in PROMPT_SETS and PROMPT_SETS[p.set].role == "train"})
+    if trained_on:
+        raise PromptDataError(
+            f"prompt set {trained_on[0]!r} is a training set and gives inflated acceptance; "
+            f"benchmark on one of {', '.join(benchmark_set_names())} or on your own prompt file"
+        )
+
+
+def _encode(target, messages) -> list[int]:
+    # A lone user turn goes in as text, so a target without a chat template still gets plain tokenisation.
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return encode(target, messages[0]["content"])
+    return encode(target, list(messages))
+
+
+def _draft_folder(path) -> Path | None:
+    """The draft's checkpoint folder, for the reference runtime; None for an in-memory untrained draft."""
+    folder = Path(path) if path else DEFAULT_DRAFT
+    return folder if (folder / "config.json").is_file() else None

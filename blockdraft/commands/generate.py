@@ -1,9 +1,12 @@
-"""`blockdraft generate`: stream one completion; --baseline / --compare for the target alone."""
+"""`blockdraft generate`: stream one completion, or decode several prompts as one batch; --baseline / --compare
+for the target alone; --temperature and the filters for exact sampling."""
 
 from __future__ import annotations
 
+import secrets
 import sys
 import time
+from functools import reduce
 from pathlib import Path
 
 import torch
@@ -11,10 +14,13 @@ from rich.console import Console
 
 from ..api import encode, load_draft
 from ..decode.generate import stream
+from ..decode.selection import Selector
 from ..errors import InputError
 from ..hardware import describe_line
 from ..io.targets import load_target, parse_dtype
 from ..metrics import AcceptanceStats
+from ..prompts.files import read_prompt_file
+from ..sampling import SamplingParams
 from ..textstream import TextStream
 from .common import add_model_arguments
 
@@ -25,19 +31,30 @@ DEFAULT_PROMPT = "Write a Python function that checks whether a string is a pali
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("prompt", nargs="?", default=None, help="prompt text (or use --prompt-file)")
-    parser.add_argument("--prompt-file", type=Path, help="read the prompt text from this file")
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several prompts run as one batch")
+    parser.add_argument("--prompt-file", type=Path, help="read one prompt from this file (the whole file)")
+    parser.add_argument("--prompts-file", type=Path,
+                        help='one prompt per line: .txt plain lines, or .jsonl {"prompt": ...} / {"messages": ...}')
     parser.add_argument("--no-chat-template", action="store_true", help="tokenise the prompt as plain text")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
+    sampling = parser.add_argument_group("sampling", "exact: the output follows the target's own distribution")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 is off")
+    sampling.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
+    sampling.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability")
+    sampling.add_argument("--seed", type=int, default=None, help="prompt i uses seed + i (default: a random seed)")
+    sampling.add_argument("--draft-argmax", action="store_true",
+                          help="propose the draft's argmax instead of sampling it (still exact)")
     add_model_arguments(parser)
 
 
 def run(args) -> int:
-    prompt = _read_prompt(args, DEFAULT_PROMPT)
+    prompts = _read_prompts(args, DEFAULT_PROMPT)
+    sampling = _sampling(args)  # bad values fail here, before minutes of loading
     dtype = parse_dtype(args.dtype)
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
@@ -47,62 +64,129 @@ def run(args) -> int:
     if draft is not None and not getattr(draft, "trained", True):
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
-    ids = encode(target, prompt, chat=not args.no_chat_template)
+    ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
     block = args.block_size or (draft.config.block_size if draft is not None else None)
     hardware = describe_line(args.device, dtype)
+    decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax)
+    single = len(ids) == 1
+    if not sampling.greedy:
+        rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
+        print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}")
     if args.compare:
         _warm_up(target, draft, ids, block)
-        base_tokens, base = _run(target, None, ids, args.max_new_tokens, None, echo=False)
-        spec_tokens, spec = _run(target, draft, ids, args.max_new_tokens, block, echo=True, tokenizer=target.tokenizer)
-        print(_summary("target alone", base, None, hardware))
-        print(_summary("speculative", spec, block, hardware))
-        same = "identical" if spec_tokens == base_tokens else "DIFFERENT (report this: outputs must match)"
+        base_tokens, _, base = _run(target, None, ids, None, **decode)
+        spec_tokens, spec_rows, spec = _run(target, draft, ids, block, echo=single, **decode)
+        if not single:
+            _print_rows(target, prompts, spec_tokens, spec_rows, block)
+        print(_summary("target alone", base, None, hardware, len(ids)))
+        print(_summary("speculative", spec, block, hardware, len(ids)))
         ratio = spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
-        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}, {len(spec_tokens)} new tokens, {hardware})")
-        return 0 if spec_tokens == base_tokens else 1
-    _, stats = _run(target, draft, ids, args.max_new_tokens, block, echo=True, tokenizer=target.tokenizer)
-    print(_summary("target alone" if draft is None else "speculative", stats, block, hardware))
+        if sampling.greedy:
+            same = "identical" if spec_tokens == base_tokens else "DIFFERENT (report this: outputs must match)"
+        else:  # both are exact samples, but of different random draws: only their distributions agree
+            same = "not compared: sampled"
+        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}, {spec.new_tokens} new tokens, {hardware})")
+        return 0 if not sampling.greedy or spec_tokens == base_tokens else 1
+    tokens, rows, stats = _run(target, draft, ids, block, echo=single, **decode)
+    if not single:
+        _print_rows(target, prompts, tokens, rows, block if draft is not None else None)
+    print(_summary("target alone" if draft is None else "speculative", stats, block, hardware, len(ids)))
     return 0
 
 
-def _read_prompt(args, default_prompt: str) -> str:
-    if args.prompt is not None and args.prompt_file is not None:
-        raise InputError("give the prompt as an argument or with --prompt-file, not both")
+def _read_prompts(args, default_prompt: str) -> list:
+    """Positional prompts, then --prompt-file (one prompt), then --prompts-file (one per line), in that order."""
+    prompts: list = list(args.prompts)
     if args.prompt_file is not None:
         if not args.prompt_file.is_file():
             raise InputError(f"--prompt-file {args.prompt_file} does not exist; pass a readable text file")
-        return args.prompt_file.read_text()
-    return default_prompt if args.prompt is None else args.prompt
+        prompts.append(args.prompt_file.read_text())
+    if args.prompts_file is not None:
+        # Errors name the file and line (PromptDataError); a one-turn prompt stays text so --no-chat-template works.
+        read = read_prompt_file(str(args.prompts_file))
+        if not read:
+            raise InputError(f"--prompts-file {args.prompts_file} holds no prompts; write one prompt per line")
+        for p in read:
+            one_turn = len(p.messages) == 1 and p.messages[0]["role"] == "user"
+            prompts.append(p.messages[0]["content"] if one_turn else list(p.messages))
+    return prompts or [default_prompt]
+
+
+def _sampling(args) -> SamplingParams:
+    """SamplingParams from the flags; a random seed is drawn here so that it can be printed and reused."""
+    seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, seed=seed)
+    ignored = [flag for flag, on in [("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
+                                     ("--min-p", args.min_p != 0.0), ("--seed", args.seed is not None),
+                                     ("--draft-argmax", args.draft_argmax)] if on]
+    if sampling.greedy and ignored:
+        console.print(f"[yellow]note: {', '.join(ignored)} ignored at temperature 0 (greedy); "
+                      "pass --temperature to sample[/yellow]")
+    return sampling
+
+
+def _describe(sampling: SamplingParams) -> str:
+    parts = [f"temperature {sampling.temperature:g}"]
+    parts += [f"top_k {sampling.top_k}"] if sampling.top_k else []
+    parts += [f"top_p {sampling.top_p:g}"] if sampling.top_p < 1 else []
+    parts += [f"min_p {sampling.min_p:g}"] if sampling.min_p > 0 else []
+    return ", ".join(parts)
 
 
 def _warm_up(target, draft, ids, block) -> None:
-    """One short run of each so that neither timed run pays first-call allocation costs."""
+    """One short run of each at the batch's shape so that neither timed run pays first-call allocation costs."""
     for d in (None, draft):
-        for _ in stream(target, d, [ids], max_new_tokens=4, block_size=block if d is not None else None):
+        for _ in stream(target, d, ids, max_new_tokens=4, block_size=block if d is not None else None):
             pass
 
 
-def _run(target, draft, ids, max_new_tokens, block, *, echo: bool, tokenizer=None):
+def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, echo: bool = False):
+    """Decode all prompts as one batch -> (tokens per row, stats per row, batch stats).
+
+    The batch stats pool every row's tau and divide all new tokens by the one wall time: batch throughput.
+    """
     K = block or 1
-    stats = [AcceptanceStats(K)]
-    tokens: list[int] = []
-    text = TextStream(tokenizer) if echo else None
+    stats = [AcceptanceStats(K) for _ in ids]
+    tokens: list[list[int]] = [[] for _ in ids]
+    text = TextStream(target.tokenizer) if echo else None
+    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
     start = time.perf_counter()
-    for event in stream(target, draft, [ids], max_new_tokens=max_new_tokens, block_size=block, stats=stats):
-        tokens.extend(event.tokens)
+    for event in stream(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block, selector=selector,
+                        stats=stats):
+        tokens[event.row].extend(event.tokens)
         if text is not None:
             sys.stdout.write(text.push(event.tokens))
             sys.stdout.flush()
     if target.device.type == "cuda":
         torch.cuda.synchronize()
-    stats[0].seconds, stats[0].new_tokens = time.perf_counter() - start, len(tokens)
+    seconds = time.perf_counter() - start
+    for s, t in zip(stats, tokens):
+        s.seconds, s.new_tokens = seconds, len(t)
     if text is not None:
         sys.stdout.write(text.flush() + "\n")
-    return tokens, stats[0]
+    batch = reduce(AcceptanceStats.merge, stats)
+    batch.seconds = seconds  # merge adds the rows' times, but the rows ran together
+    return tokens, stats, batch
 
 
-def _summary(label: str, stats: AcceptanceStats, block, hardware: str) -> str:
-    line = f"[{label}] {stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s"
+def _print_rows(target, prompts, tokens, stats, block) -> None:
+    """Each completion under a label naming its prompt, then one line per row with its own tau."""
+    for i, (prompt, row) in enumerate(zip(prompts, tokens)):
+        label = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        first_line = label.strip().splitlines()[0] if label.strip() else ""
+        print(f"=== [{i}] {first_line[:70]}")
+        print(target.tokenizer.decode(row, skip_special_tokens=True))
+    for i, s in enumerate(stats):
+        line = f"[row {i}] {s.new_tokens} tokens"
+        if block:
+            line += f", tau {s.mean_tau:.2f} (histogram {s.histogram})"
+        print(line)
+
+
+def _summary(label: str, stats: AcceptanceStats, block, hardware: str, rows: int = 1) -> str:
+    batch = f" batch of {rows}:" if rows > 1 else ""
+    line = f"[{label}]{batch} {stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s"
     if block:
         line += f", tau {stats.mean_tau:.2f} (K={block}, histogram {stats.histogram})"
     return f"{line} | {hardware}"

@@ -1,11 +1,54 @@
-"""`blockdraft serve`."""
+"""`blockdraft serve`: the OpenAI-compatible server (blockdraft/server) on uvicorn, loopback by default."""
 
 from __future__ import annotations
 
+import os
+
+from rich.console import Console
+
+from ..errors import ConfigError, InputError
+from .common import add_model_arguments
+
+console = Console(stderr=True, highlight=False)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
 
 def add_arguments(parser) -> None:
-    pass
+    add_model_arguments(parser)
+    parser.add_argument("--no-spec", action="store_true", help="serve the target alone, without a draft")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("BLOCKDRAFT_API_KEY"),
+                        help="require `Authorization: Bearer KEY` on /v1 routes (default: $BLOCKDRAFT_API_KEY)")
+    parser.add_argument("--max-batch", type=int, default=8, help="most requests decoded together in one batch")
+    parser.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
 
 
 def run(args) -> int:
-    raise SystemExit("blockdraft serve: not available in this version")
+    try:
+        import uvicorn
+
+        from ..server import create_app
+    except ImportError as error:
+        raise ConfigError(f"`blockdraft serve` needs the serve extra ({error.name} is missing); "
+                          "run `pip install 'blockdraft[serve]'`") from error
+    from ..api import load_draft
+    from ..io.targets import load_target
+
+    if not 0 < args.port < 65536:
+        raise InputError(f"`--port` must be in 1..65535, got {args.port}; pick a free port such as 8000")
+    if args.host not in LOOPBACK and not args.api_key:
+        console.print(f"[yellow]warning: binding {args.host} without --api-key: anyone who can reach this "
+                      "address can use the model[/yellow]")
+    with console.status("loading target and draft"):
+        target = load_target(args.target, dtype=args.dtype, device=args.device)
+        draft = None if args.no_spec else load_draft(args.draft, target)
+    if draft is not None and not getattr(draft, "trained", True):
+        console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
+                      "(output is exact, acceptance is near 1)[/yellow]")
+    app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
+                     max_tokens_limit=args.max_tokens_limit)
+    mode = "target alone" if draft is None else f"speculative, K={draft.config.block_size}"
+    console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

@@ -10,6 +10,8 @@ Shapes: B live rows, K block size, V vocabulary.
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 
 from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
@@ -19,7 +21,8 @@ class Selector:
     """Greedy (temperature 0) or sampled selection for rows identified by the caller's row ids.
 
     `draft_argmax=True` proposes the draft's argmax instead of sampling from q; acceptance then uses the
-    one-hot q, which is still exact (DESIGN.md §3).
+    one-hot q, which is still exact (DESIGN.md §3). Row i's generator is seeded with `params.seed + i`
+    (mod 2**64; a random base when the seed is None) unless `seeds` lists one seed per row.
     """
 
     def __init__(self, params: SamplingParams | None = None, num_rows: int = 0, draft_argmax: bool = False,
@@ -28,8 +31,10 @@ class Selector:
         self.draft_argmax = draft_argmax
         self.generators: list[torch.Generator] = []
         if not self.params.greedy:
-            base = self.params.seed if self.params.seed is not None else int(torch.seed() % 2**62)
-            seeds = seeds if seeds is not None else [base + row for row in range(num_rows)]
+            # Not torch.seed(): it re-seeds torch's global generator, undoing the caller's torch.manual_seed.
+            base = self.params.seed if self.params.seed is not None else secrets.randbits(63)
+            # Row seeds wrap at 2**64 (torch's seed range): seed 2**64 - 1 would otherwise overflow at row 1.
+            seeds = seeds if seeds is not None else [(base + row) % 2**64 for row in range(num_rows)]
             self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def _rows(self, row_ids: torch.Tensor) -> list[torch.Generator]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from .data import Example
+from ..errors import InputError
+from .data import Example, read_examples
 from .objective import Blocks, block_targets, sample_anchors
 
 
@@ -40,6 +42,25 @@ def split_heldout(count: int, fraction: float, seed: int) -> tuple[list[int], li
     held = min(count - 1, max(1, round(fraction * count)))
     order = torch.randperm(count, generator=seeded_generator(seed, -1)).tolist()
     return sorted(order[held:]), sorted(order[:held])
+
+
+def load_split(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Example], list[int], list[int]]:
+    """All examples, with the train and held-out index lists the trainer uses (`blockdraft eval` reuses them).
+
+    A `val/` folder of shards inside data_dir is the held-out set; otherwise `split_heldout`.
+    """
+    data_dir = Path(data_dir)
+    examples = read_examples(data_dir)
+    val_folder = data_dir / "val"
+    if data_dir.is_dir() and any(val_folder.glob("data-*.jsonl")):
+        held = read_examples(val_folder)
+        train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
+        examples = examples + held
+    else:
+        train_indices, val_indices = split_heldout(len(examples), val_fraction, seed)
+    if not train_indices:
+        raise InputError(f"{data_dir} holds no training examples; build data with `blockdraft data`")
+    return examples, train_indices, val_indices
 
 
 def epoch_batches(train_indices: list[int], epoch: int, batch_size: int, seed: int) -> list[list[int]]:

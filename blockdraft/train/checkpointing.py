@@ -57,9 +57,14 @@ def save_training_state(out: Path, cfg: DraftConfig, draft: torch.nn.Module, opt
     return final
 
 
+def read_training_state(folder: Path) -> dict:
+    """The state json of a checkpoint: step, epoch, position, and the TrainConfig fields it was run with."""
+    return json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
+
+
 def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
-                        optimizer: torch.optim.Optimizer, names: list[str]) -> dict:
-    """Restore draft weights and optimizer state from `folder` in place; returns the state json."""
+                        optimizer: torch.optim.Optimizer, names: list[str]) -> None:
+    """Restore draft weights and optimizer state from `folder` in place."""
     saved_cfg, tensors = read_checkpoint(folder, dtype=torch.float32)
     if saved_cfg != cfg:
         # Same TrainConfig but another draft shape or interface means another target: continuing would mix them.
@@ -68,7 +73,6 @@ def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
     draft.load_state_dict(tensors, strict=True)
     optimizer.load_state_dict({"state": _unflatten_optimizer(folder / STATE_TENSORS, names),
                                "param_groups": optimizer.state_dict()["param_groups"]})
-    return json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:

@@ -76,9 +76,9 @@ def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples:
             anchors = candidates[start : start + anchors_per_pass][None]  # [1, A]
             keep = torch.ones_like(anchors, dtype=torch.bool)
             blocks = block_targets(tokens, loss_mask, anchors, keep, K, gamma)
-            with autocast(target.device, autocast_dtype):
+            with autocast(target.device, autocast_dtype):  # the head too: it is in the autocast dtype
                 hidden = forward(tokens, anchors, keep, features)
-            total, hits = weighted_loss(hidden, head, blocks)
+                total, hits = weighted_loss(hidden, head, blocks)
             metrics.add(total, hits, blocks.weights)
     return metrics
 

@@ -56,9 +56,12 @@ class BlockForward(nn.Module):
     def forward(self, tokens, anchors, keep, features):
         """tokens [B, S], anchors/keep [B, A], features [B, S, L*D] -> final-normed states [B, A*K, D]."""
         dtype = self.draft.fc.weight.dtype
-        # Features and embeddings come in the target's dtype; the fp32 draft needs its own (autocast, when on,
-        # casts its matmuls down again).
-        embed = lambda ids: self.target.embed_tokens(ids).to(dtype)  # noqa: E731
+
+        def embed(ids):
+            # Features and embeddings come in the target's dtype; the fp32 draft needs its own (autocast, when
+            # on, casts its matmuls down again).
+            return self.target.embed_tokens(ids).to(dtype)
+
         K = self.draft.config.block_size
         return draft_hidden(self.draft, embed, features.to(dtype), tokens, anchors, keep, K)
 

@@ -31,9 +31,9 @@ from ..io.checkpoint import read_checkpoint, write_checkpoint
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
-from .batches import epoch_batches, make_micro_batch, rank_micro_batches, seeded_generator, split_heldout
-from .checkpointing import latest_checkpoint, load_training_state, save_training_state
-from .data import Example, read_examples
+from .batches import epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
+from .checkpointing import latest_checkpoint, load_training_state, read_training_state, save_training_state
+from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .forward import BlockForward, autocast, freeze_target, head_weight, target_features
 from .objective import weighted_loss
@@ -208,7 +208,7 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
 def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, MetricsLog | None]:
     """Refuse bad inputs, build the draft and optimizer, and restore a checkpoint: all before any step."""
     freeze_target(target)
-    examples, train_indices, val_indices = _load_data(cfg)
+    examples, train_indices, val_indices = load_split(cfg.data_dir, cfg.val_fraction, cfg.seed)
     draft_cfg, draft = _build_draft(target, cfg)
     _check_data(examples, draft_cfg, cfg.data_dir)
     forward = BlockForward(draft, target)
@@ -231,21 +231,6 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
         log = MetricsLog(cfg.out_dir / "metrics.jsonl", resume_step)
     return run, log
-
-
-def _load_data(cfg: TrainConfig) -> tuple[list[Example], list[int], list[int]]:
-    """All examples, plus the train and held-out index lists (a `val/` folder wins over val_fraction)."""
-    examples = read_examples(cfg.data_dir)
-    val_folder = cfg.data_dir / "val"
-    if cfg.data_dir.is_dir() and any(val_folder.glob("data-*.jsonl")):
-        held = read_examples(val_folder)
-        train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
-        examples = examples + held
-    else:
-        train_indices, val_indices = split_heldout(len(examples), cfg.val_fraction, cfg.seed)
-    if not train_indices:
-        raise InputError(f"{cfg.data_dir} holds no training examples; build data with `blockdraft data`")
-    return examples, train_indices, val_indices
 
 
 def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashDraftModel]:
@@ -305,11 +290,12 @@ def _restore(run: Run) -> int | None:
     if not cfg.resume:
         raise InputError(f"{cfg.out_dir} already holds a training checkpoint; pass resume=True (--resume) to "
                          "continue it, or choose an empty out_dir")
-    state = load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
+    state = read_training_state(folder)
     changed = sorted(k for k, v in cfg.run_fields().items() if state["config"].get(k) != v)
     if changed:
         raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
                           f"({ {k: state['config'].get(k) for k in changed} }); use the same settings or a new out_dir")
+    load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
     run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
     run.skipped = state.get("skipped", 0)
     return run.step
@@ -381,7 +367,7 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
             plot_curves(log.records, cfg.out_dir / "curves.png")
     if (step % cfg.save_every == 0 or last) and run.ranks.rank == 0:
         state = {"format": 1, "step": step, "epoch": run.epoch, "position": run.position,
-                 "skipped": run.skipped, "total_steps": run.total_steps,
+                 "skipped": run.skipped, "total_steps": run.total_steps, "world_size": run.ranks.world,
                  "scheduler": {"kind": "linear warmup, cosine", "lr": _lr(run, step - 1),
                                "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
                  "rng": {"seed": cfg.seed, "order": "sha256(seed, epoch)", "anchors": "sha256(seed, step, index)"},

@@ -1,0 +1,41 @@
+"""Same-run benchmarks: the target alone, HF generate, HF prompt lookup and DFlash speculative decoding.
+
+    methods.py  the decoders compared, behind one `decode(prompts, max_new_tokens)` call
+    runner.py   warm-up, interleaved per-batch runs, equal truncation, CUDA-synchronized timing
+    summary.py  median/spread, paired speedups, token comparison; pure
+    report.py   the JSON document, the rich tables, the final JSON line
+    plot.py     bench.png from the document
+
+`benchmark` takes token-id prompts, so it runs on any target, tokenizer or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..decode.generate import _eos_ids
+from ..hardware import describe
+from ..model.draft import DFlashDraftModel
+from ..model.target import Target
+from .methods import build_methods
+from .report import build_document
+from .runner import BenchSettings, run_bench
+
+__all__ = ["BenchSettings", "benchmark"]
+
+
+def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]], settings: BenchSettings, *,
+              prompt_ids: Sequence[str] | None = None, context: dict | None = None,
+              draft_folder: str | Path | None = None,
+              on_progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Run every available method on `prompts` (token ids) and return the bench document (report.py)."""
+    # One stop set for every method, the one our decode loop uses by default: equal stopping.
+    stop_token_ids = sorted(_eos_ids(target))
+    methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder)
+    run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
+    context = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device), **(context or {}),
+               "stop_token_ids": stop_token_ids}
+    return build_document(run, settings, hardware=describe(target.device, target.dtype), context=context,
+                          notes=notes)
+

@@ -1,0 +1,152 @@
+"""The decoders a benchmark compares, behind one call: `method.decode(prompts, max_new_tokens)`.
+
+- `ours-baseline`: the target alone through our decode loop (draft None, same code path as speculative).
+- `hf-generate`: transformers' greedy `generate` on the same target weights.
+- `hf-prompt-lookup`: transformers' prompt-lookup decoding (`prompt_lookup_num_tokens=10`); batch 1 only.
+- `blockdraft`: our DFlash speculative decoding.
+- `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
+  importable and the draft is a checkpoint folder; never a dependency.
+
+Every method decodes greedily with the same stop tokens and returns the raw new tokens; the runner truncates
+them all by one rule. Methods that cannot batch decode their prompts one at a time inside `decode`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..decode.generate import generate
+from ..metrics import AcceptanceStats
+from ..model.draft import DFlashDraftModel
+from ..model.target import Target
+
+PROMPT_LOOKUP_NUM_TOKENS = 10
+BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, REFERENCE = (
+    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "dflash-reference")
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]  # new tokens of one prompt, before the runner's truncation
+    stats: AcceptanceStats | None = None  # speculative methods only
+
+
+class OursMethod:
+    """Our decode loop; `draft=None` is the target-only baseline."""
+
+    def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
+                 stop_token_ids: list[int]) -> None:
+        self.name, self.target, self.draft = name, target, draft
+        self.block_size = block_size if draft is not None else None
+        self.stop_token_ids = stop_token_ids
+
+    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
+                           block_size=self.block_size, stop_token_ids=self.stop_token_ids)
+        return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
+
+
+class HFMethod:
+    """transformers `generate`, greedy, on the target's own HF model (left-padded when batched)."""
+
+    def __init__(self, name: str, target: Target, stop_token_ids: list[int], prompt_lookup: int | None = None):
+        self.name, self.target, self.stop_token_ids = name, target, stop_token_ids
+        self.prompt_lookup = prompt_lookup
+        self.pad_token_id = _pad_token_id(target, stop_token_ids)
+
+    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        if self.prompt_lookup is not None:  # transformers' prompt lookup refuses batches larger than 1
+            return [self._generate([p], max_new_tokens)[0] for p in prompts]
+        return self._generate(prompts, max_new_tokens)
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        from transformers import GenerationConfig
+
+        width = max(len(p) for p in prompts)
+        device = self.target.device
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long, device=device)  # [B, T]
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(prompts):  # left padding: every row's next token sits at column `width`
+            ids[b, width - len(p):] = torch.tensor(p, device=device)
+            mask[b, width - len(p):] = 1
+        # A config built here, not the model's, so a sampling default in the checkpoint cannot leak in.
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                  eos_token_id=list(self.stop_token_ids) or None, pad_token_id=self.pad_token_id,
+                                  prompt_lookup_num_tokens=self.prompt_lookup)
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # generation-config chatter would bury the table
+            out = self.target.model.generate(ids, attention_mask=mask, generation_config=config)
+        return [Decoded(row[width:].tolist()) for row in out]
+
+
+class ReferenceMethod:
+    """`dflash.model.dflash_generate` of the reference runtime, one prompt at a time (it supports batch 1 only)."""
+
+    def __init__(self, target: Target, reference_draft, dflash_generate, block_size: int,
+                 stop_token_ids: list[int]) -> None:
+        self.name, self.target, self.draft = REFERENCE, target, reference_draft
+        self.dflash_generate, self.block_size, self.stop_token_ids = dflash_generate, block_size, stop_token_ids
+
+    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        return [self._one(p, max_new_tokens) for p in prompts]
+
+    def _one(self, prompt: list[int], max_new_tokens: int) -> Decoded:
+        ids = torch.tensor([prompt], device=self.target.device)  # [1, T]
+        # Its stats path calls torch.cuda.synchronize, which fails on a CPU-only build: ask for them on CUDA only.
+        with_stats = self.target.device.type == "cuda"
+        out = self.dflash_generate(model=self.draft, target=self.target.model, input_ids=ids,
+                                   max_new_tokens=max_new_tokens, stop_token_ids=self.stop_token_ids,
+                                   temperature=0.0, block_size=self.block_size, return_stats=with_stats)
+        output_ids = out.output_ids if with_stats else out
+        stats = None
+        if with_stats:
+            stats = AcceptanceStats(self.block_size)
+            for tau in out.acceptance_lengths:
+                stats.record(max(1, min(int(tau), self.block_size)))
+        return Decoded(output_ids[0, len(prompt):].tolist(), stats)
+
+
+def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop_token_ids: list[int],
+                  draft_folder: str | Path | None = None) -> tuple[list, list[str]]:
+    """The methods to compare, in their base order, and a note for each one skipped."""
+    methods = [
+        OursMethod(BASELINE, target, None, None, stop_token_ids),
+        HFMethod(HF_GENERATE, target, stop_token_ids),
+        HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS),
+        OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids),
+    ]
+    reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
+    if reference is not None:
+        methods.append(reference)
+    return methods, [note] if note else []
+
+
+def reference_method(target: Target, block_size: int, stop_token_ids: list[int],
+                     draft_folder: str | Path | None) -> tuple[ReferenceMethod | None, str | None]:
+    """The reference runtime when it can run here, else (None, why it was skipped)."""
+    try:
+        from dflash.model import DFlashDraftModel as ReferenceDraft
+        from dflash.model import dflash_generate
+    except ImportError:
+        return None, f"{REFERENCE} skipped: the reference runtime dflash==0.1.0 is not installed (optional)"
+    if draft_folder is None:
+        return None, f"{REFERENCE} skipped: the draft is not a checkpoint folder the reference runtime can load"
+    try:
+        reference = ReferenceDraft.from_pretrained(str(draft_folder), dtype=target.dtype)
+    except Exception as error:  # a third-party loader on another transformers version: report, don't abort the run
+        return None, f"{REFERENCE} skipped: the reference runtime could not load {draft_folder}: {error}"
+    reference = reference.to(target.device).eval()
+    return ReferenceMethod(target, reference, dflash_generate, block_size, stop_token_ids), None
+
+
+def _pad_token_id(target: Target, stop_token_ids: list[int]) -> int:
+    """A pad id for left padding (masked out, so any valid id works); the model's own one when it has one."""
+    for source in (target.model.generation_config, target.config, target.tokenizer):
+        pad = getattr(source, "pad_token_id", None) if source is not None else None
+        if isinstance(pad, int):
+            return pad
+    return stop_token_ids[0] if stop_token_ids else 0

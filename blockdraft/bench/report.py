@@ -1,0 +1,160 @@
+"""A benchmark run as a data product: one JSON document, the rich tables drawn from it, and the summary line.
+
+The document is the single source: `bench.json` is the document, the printed tables and `bench.png` read
+only the document, and the final stdout line is a digest of it. Every number sits beside the hardware,
+dtype, prompt set, K and output length it was measured with (STYLE.md §2.12).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .methods import BASELINE, HF_GENERATE
+from .runner import BenchRun, BenchSettings
+from .summary import first_difference, merged_acceptance, summarize_method
+
+SCHEMA = "blockdraft-bench/1"
+REFERENCES = (HF_GENERATE, BASELINE)  # speedups are reported against both
+
+
+def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, context: dict,
+                   notes: list[str]) -> dict:
+    """The full record of a run. `context` holds the caller's facts (prompt set, target, draft, dtype, device)."""
+    rates = {name: {r["batch"]: r["tokens_per_second"] for r in run.rows if r["method"] == name}
+             for name in REFERENCES if name in run.methods}
+    summary, acceptance = {}, {}
+    for name in run.methods:
+        rows = [r for r in run.rows if r["method"] == name]
+        summary[name] = summarize_method(rows, rates)
+        summary[name]["mismatches_vs_ours_baseline"] = _mismatch_count(run, name)
+        pooled = merged_acceptance(run.stats.get(name, []), summary[name]["new_tokens"], summary[name]["seconds"])
+        if pooled is not None:
+            acceptance[name] = pooled.as_dict()
+    return {
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hardware,
+        "settings": {**context, "block_size": settings.block_size, "max_new_tokens": settings.max_new_tokens,
+                     "batch_size": settings.batch_size, "warmup": settings.warmup, "prompts": len(run.prompt_ids),
+                     "order": "interleaved per batch, rotated by one method per batch", "decoding": "greedy"},
+        "methods": run.methods,
+        "notes": notes,
+        "summary": summary,
+        "acceptance": acceptance,
+        "mismatches": _mismatches(run),
+        "rows": run.rows,
+    }
+
+
+def _mismatches(run: BenchRun) -> list[dict]:
+    """Prompts where a method's tokens differ from ours-baseline's, with the first differing index.
+
+    Greedy speculative decoding must reproduce the baseline; in bf16 a block verify and a one-token step can
+    round a near-tie differently, so differences are reported, not raised.
+    """
+    if BASELINE not in run.tokens:
+        return []
+    found = []
+    for name in run.methods:
+        for i, (base, other) in enumerate(zip(run.tokens[BASELINE], run.tokens[name])):
+            index = first_difference(base, other) if name != BASELINE else None
+            if index is not None:
+                found.append({"method": name, "prompt": run.prompt_ids[i], "first_difference": index})
+    return found
+
+
+def _mismatch_count(run: BenchRun, name: str) -> int | None:
+    if BASELINE not in run.tokens:
+        return None
+    return sum(first_difference(b, o) is not None for b, o in zip(run.tokens[BASELINE], run.tokens[name]))
+
+
+def summary_line(document: dict, out_dir: str | Path | None = None) -> str:
+    """One JSON line: settings and, per method, median tokens/s and median speedups; mean tau where measured."""
+    s = document["settings"]
+    methods = {}
+    for name, m in document["summary"].items():
+        entry = {"tok_s": _round(_median(m["tokens_per_second"])),
+                 "speedup_vs_hf_generate": _round(_median(m.get("speedup_vs_hf_generate"))),
+                 "mismatches": m["mismatches_vs_ours_baseline"]}
+        if name in document["acceptance"]:
+            entry["mean_tau"] = document["acceptance"][name]["mean_tau"]
+        methods[name] = entry
+    line = {"bench": s.get("prompt_set"), "prompts": s["prompts"], "K": s["block_size"], "N": s["max_new_tokens"],
+            "batch_size": s["batch_size"], "dtype": s.get("dtype"), "device": document["hardware"].get("device"),
+            "date": document["date"], "methods": methods}
+    if out_dir is not None:
+        line["out"] = str(out_dir)
+    return json.dumps(line, separators=(",", ":"))
+
+
+def save_json(document: dict, out_dir: str | Path) -> Path:
+    path = Path(out_dir) / "bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def render(document: dict, console: Console) -> None:
+    """The settings line, the per-method table and the acceptance table."""
+    s, hw = document["settings"], document["hardware"]
+    console.print(f"[bold]{hw['device']}[/bold] | torch {hw['torch']} | transformers {hw['transformers']} | "
+                  f"{document['date']}")
+    console.print(f"dtype {s.get('dtype')} | prompts {s.get('prompt_set')} x{s['prompts']} | K={s['block_size']} "
+                  f"| N={s['max_new_tokens']} new tokens | batch {s['batch_size']} | greedy, same stop tokens")
+    console.print(_speed_table(document))
+    for name, acc in document["acceptance"].items():
+        console.print(_acceptance_table(name, acc))
+    for note in document["notes"]:
+        console.print(f"[yellow]note: {note}[/yellow]")
+    if document["mismatches"]:
+        console.print(f"[yellow]{len(document['mismatches'])} prompt(s) differ from ours-baseline "
+                      "(bf16 near-ties can flip; use --dtype float32 for a bit-exact check); see bench.json[/yellow]")
+
+
+def _speed_table(document: dict) -> Table:
+    unit, units = ("prompt", "prompts") if document["settings"]["batch_size"] == 1 else ("batch", "batches")
+    table = Table(title=f"tokens/s over {units}; speedups: median of per-{unit} ratios (ranges in bench.json)")
+    table.add_column("method", no_wrap=True)
+    for column in ("tok/s", "min-max", "IQR", "vs hf-generate", "vs ours-baseline", "mean tau", "= baseline"):
+        table.add_column(column, justify="right")
+    prompts = document["settings"]["prompts"]
+    for name, m in document["summary"].items():
+        t = m["tokens_per_second"]
+        acc = document["acceptance"].get(name)
+        mismatches = m["mismatches_vs_ours_baseline"]
+        table.add_row(
+            name, f"{t['median']:.1f}", f"{t['min']:.1f}-{t['max']:.1f}", f"{t['q1']:.1f}-{t['q3']:.1f}",
+            _speedup(m.get("speedup_vs_hf_generate")), _speedup(m.get("speedup_vs_ours_baseline")),
+            f"{acc['mean_tau']:.2f}" if acc else "-",
+            "-" if mismatches is None else f"{prompts - mismatches}/{prompts}",
+        )
+    return table
+
+
+def _acceptance_table(name: str, acc: dict) -> Table:
+    K = acc["block_size"]
+    table = Table(title=f"{name}: mean tau {acc['mean_tau']:.3f} over {acc['steps']} steps (bonus counted), K={K}")
+    table.add_column("")
+    for k in range(1, K + 1):
+        table.add_column(str(k), justify="right")
+    table.add_row("tau histogram", *(str(n) for n in acc["tau_histogram"]))
+    table.add_row("accept rate at slot", *(f"{r:.2f}" for r in acc["per_position_acceptance"]), "")
+    return table
+
+
+def _speedup(value: dict | None) -> str:
+    return "-" if value is None else f"{value['median']:.2f}x"
+
+
+def _median(value: dict | None) -> float | None:
+    return None if value is None else value["median"]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,124 @@
+"""Run every method on every batch of prompts, interleaved, and record one row per (batch, method).
+
+Fairness rules, all in this module:
+1. One process, one set of target weights for every method.
+2. A warm-up run of every method on the first batch before any timing, so no method pays first-call costs.
+3. Interleaved: for each batch, every method runs before the next batch starts, and the order rotates by one
+   per batch (batch i starts with method i mod M), so machine drift and cache warmth hit all methods alike.
+4. Greedy everywhere, the same `max_new_tokens` and the same stop tokens; tokens are truncated by one rule
+   (`trim`) before counting, so only new tokens up to and including the first stop token count.
+5. On CUDA the clock reads after a synchronize on both sides, so queued kernels are inside the timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..decode.generate import check_request
+from ..metrics import AcceptanceStats
+from ..model.target import Target
+
+WARMUP_MAX_NEW_TOKENS = 16  # enough to reach steady-state decode steps; short enough to cost seconds
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    block_size: int
+    max_new_tokens: int
+    batch_size: int = 1
+    warmup: bool = True
+
+
+@dataclass
+class BenchRun:
+    """Everything measured: rows in run order, and per method the truncated tokens and stats of each prompt."""
+
+    methods: list[str]
+    prompt_ids: list[str]
+    rows: list[dict] = field(default_factory=list)
+    tokens: dict[str, list[list[int] | None]] = field(default_factory=dict)  # method -> per prompt
+    stats: dict[str, list[AcceptanceStats]] = field(default_factory=dict)  # speculative methods only
+
+
+def interleaved_order(names: Sequence[str], index: int) -> list[str]:
+    """Method order for batch `index`: the base order rotated left by `index` (rule 3)."""
+    shift = index % len(names)
+    return list(names[shift:]) + list(names[:shift])
+
+
+def batches(count: int, size: int) -> list[list[int]]:
+    """Prompt indices grouped in file order into batches of `size` (the last one may be shorter)."""
+    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
+
+
+def trim(tokens: Sequence[int], stop_token_ids, max_new_tokens: int) -> list[int]:
+    """New tokens up to and including the first stop token, at most `max_new_tokens` (rule 4).
+
+    HF's batched generate pads finished rows after their stop token; those pads must not count.
+    """
+    kept = list(tokens[:max_new_tokens])
+    for i, token in enumerate(kept):
+        if token in stop_token_ids:
+            return kept[: i + 1]
+    return kept
+
+
+def timed(device: torch.device, fn: Callable):
+    """(fn(), wall seconds), synchronizing CUDA before and after (rule 5)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def run_bench(target: Target, methods: list, prompts: list[list[int]], settings: BenchSettings,
+              stop_token_ids: Sequence[int], prompt_ids: Sequence[str] | None = None,
+              on_progress: Callable[[int, int, str], None] | None = None) -> BenchRun:
+    """Decode `prompts` (token ids) with every method, interleaved per batch; returns the measured rows.
+
+    `on_progress(done, total, description)` is called after the warm-up and after each (batch, method) run.
+    """
+    # Every prompt is checked against the context length before minutes of decoding, not at prompt 37.
+    check_request(target, prompts, settings.max_new_tokens, settings.block_size, None)
+    names = [m.name for m in methods]
+    labels = list(prompt_ids) if prompt_ids is not None else [str(i) for i in range(len(prompts))]
+    run = BenchRun(names, labels, tokens={n: [None] * len(prompts) for n in names})
+    groups = batches(len(prompts), settings.batch_size)
+    total, done = int(settings.warmup) + len(groups) * len(methods), 0
+    if settings.warmup:
+        warm = [prompts[i] for i in groups[0]]
+        for method in methods:
+            method.decode(warm, min(settings.max_new_tokens, WARMUP_MAX_NEW_TOKENS))
+        done += 1
+        if on_progress:
+            on_progress(done, total, "warm-up")
+    by_name = {m.name: m for m in methods}
+    stops = set(stop_token_ids)
+    for index, group in enumerate(groups):
+        for position, name in enumerate(interleaved_order(names, index)):
+            batch = [prompts[i] for i in group]
+            decoded, seconds = timed(target.device, lambda: by_name[name].decode(batch, settings.max_new_tokens))
+            kept = [trim(d.tokens, stops, settings.max_new_tokens) for d in decoded]
+            for i, tokens in zip(group, kept):
+                run.tokens[name][i] = tokens
+            spec_stats = [d.stats for d in decoded if d.stats is not None]
+            if spec_stats:
+                run.stats.setdefault(name, []).extend(spec_stats)
+            new_tokens = [len(t) for t in kept]
+            run.rows.append({
+                "batch": index, "method": name, "order": position, "prompts": [labels[i] for i in group],
+                "new_tokens": new_tokens, "seconds": seconds,
+                "tokens_per_second": sum(new_tokens) / seconds if seconds > 0 else 0.0,
+            })
+            done += 1
+            if on_progress:
+                on_progress(done, total, f"batch {index + 1}/{len(groups)} {name}")
+    return run

@@ -1,0 +1,195 @@
+"""The one thread that owns the model: it takes queued requests, decodes them as one batch, sends tokens back.
+
+Batching. The worker waits for a request, then takes every queued request that can share its batch, up to
+`max_batch`, and decodes them with one `stream(...)` call. Requests that arrive while a batch runs wait for the
+next batch: `stream` takes no new rows mid-decode. Requests share a batch when
+- their sampling parameters are equal, seed aside: one `Selector` (one SamplingParams) serves the whole batch,
+  and each row gets its own seed, so a seeded request draws the same numbers alone or batched;
+- the batch fits the context: it decodes up to the largest `max_tokens`, so the longest prompt plus that budget
+  must fit `target.max_positions`. Each row still returns at most its own `max_tokens`.
+Requests that cannot join stay queued in arrival order; the oldest one always leads the next batch.
+
+Cancelling. A client that disconnects, or a row that reached a stop string, cancels its own row: the worker
+sends it nothing more. `stream` cannot drop a row mid-decode, so a cancelled row, or one whose own
+`max_tokens` is below the batch's, keeps computing until it ends in the batch; once every row of a batch is
+cancelled or done, the batch stops at once.
+
+Failures. An exception in a batch fails that batch's unfinished requests (each gets a `Failed` event, answered
+with a 500 and its request id); the worker logs it and goes on with the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+from collections import deque
+from contextlib import closing
+from dataclasses import dataclass, replace
+
+from ..decode.generate import as_drafter, stream
+from ..decode.selection import Selector
+from ..metrics import AcceptanceStats
+from ..sampling import SamplingParams
+from .prometheus import ServerMetrics
+
+log = logging.getLogger("blockdraft.server")
+
+
+@dataclass
+class Tokens:
+    tokens: list[int]  # newly committed tokens of this request (may be empty on the last event)
+    finish_reason: str | None  # "stop" or "length" on the request's last event
+
+
+@dataclass
+class Failed:
+    message: str  # what went wrong in the batch, for the error response
+
+
+class Job:
+    """One request's row: its input, and the channel that carries its events back to the event loop."""
+
+    def __init__(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        # Greedy ignores every filter, so all greedy requests share one key; sampled ones group without the seed.
+        self.group = SamplingParams() if sampling.greedy else replace(sampling, seed=None)
+        self.seed = None if sampling.greedy else (sampling.seed if sampling.seed is not None else secrets.randbits(63))
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.sent = 0  # tokens sent so far (worker thread only)
+        self.done = False  # finished or failed (worker thread only)
+        self.cancelled = False  # set on the event loop, read by the worker: nothing more is sent
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def next_event(self) -> Tokens | Failed:
+        return await self.events.get()
+
+    def deliver(self, tokens: list[int], finish_reason: str | None) -> None:
+        """Send a row's new tokens, cut to this request's own budget (the batch may decode further)."""
+        if self.done:
+            return
+        room = self.max_tokens - self.sent
+        if len(tokens) > room:  # the batch's budget is larger; a stop token past ours is not ours
+            tokens, finish_reason = tokens[:room], "length"
+        elif len(tokens) == room and finish_reason is None:
+            finish_reason = "length"
+        self.sent += len(tokens)
+        self.done = finish_reason is not None
+        self._send(Tokens(tokens, finish_reason))
+
+    def fail(self, message: str) -> None:
+        if not self.done:
+            self.done = True
+            self._send(Failed(message))
+
+    def _send(self, event) -> None:
+        if self.cancelled:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the request's event loop is closed: nobody is listening any more
+            self.cancelled = True
+
+
+class Worker:
+    def __init__(self, target, draft, *, max_batch: int) -> None:
+        self.target = target
+        self.drafter = as_drafter(target, draft, None)  # built once, restarted by every `stream` call
+        self.block_size = self.drafter.block_size if self.drafter is not None else 1
+        self.max_batch = max_batch
+        self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
+        self._pending: deque[Job] = deque()
+        self._ready = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="blockdraft-worker", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the running batch, fail the queued requests, and end the thread."""
+        with self._ready:
+            self._stopping = True
+            waiting, self._pending = list(self._pending), deque()
+            self._ready.notify()
+        for job in waiting:
+            job.fail("the server is shutting down; retry against a running server")
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Job:
+        """Queue one request (call it on the event loop that will read the job's events)."""
+        job = Job(request_id, prompt, max_tokens, sampling, asyncio.get_running_loop())
+        with self._ready:
+            if self._stopping:
+                raise RuntimeError("the worker is stopped; the server is shutting down")
+            self._pending.append(job)
+            self._ready.notify()
+        return job
+
+    def _loop(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            self._run(batch)
+
+    def _take_batch(self) -> list[Job] | None:
+        """Block until a request is queued; return it with every queued request that can share its batch."""
+        with self._ready:
+            while True:
+                while self._pending and self._pending[0].cancelled:
+                    self._pending.popleft()  # its client left before the decode started
+                if self._pending or self._stopping:
+                    break
+                self._ready.wait()
+            if self._stopping:
+                return None
+            batch = [self._pending.popleft()]
+            longest, budget = len(batch[0].prompt), batch[0].max_tokens
+            for job in list(self._pending):
+                if len(batch) == self.max_batch:
+                    break
+                fits = max(longest, len(job.prompt)) + max(budget, job.max_tokens) <= self.target.max_positions
+                if job.group == batch[0].group and fits and not job.cancelled:
+                    batch.append(job)
+                    self._pending.remove(job)
+                    longest, budget = max(longest, len(job.prompt)), max(budget, job.max_tokens)
+            return batch
+
+    def _run(self, batch: list[Job]) -> None:
+        stats = [AcceptanceStats(self.block_size) for _ in batch]
+        try:
+            self._decode(batch, stats)
+        except Exception as error:  # one bad batch must not take the server down with it
+            log.exception("decode failed for requests %s", ", ".join(job.request_id for job in batch))
+            for job in batch:
+                job.fail(f"{type(error).__name__}: {error}")
+        finally:
+            pooled = stats[0]
+            for more in stats[1:]:
+                pooled = pooled.merge(more)
+            self.metrics.add_batch(len(batch), pooled)
+
+    def _decode(self, batch: list[Job], stats: list[AcceptanceStats]) -> None:
+        group = batch[0].group
+        selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch])
+        events = stream(self.target, self.drafter, [job.prompt for job in batch],
+                        max_new_tokens=max(job.max_tokens for job in batch), selector=selector, stats=stats)
+        with closing(events):  # leaving early (every row done or cancelled) ends the decode there
+            for event in events:
+                batch[event.row].deliver(event.tokens, event.finish_reason)
+                if all(job.done or job.cancelled for job in batch):
+                    break

@@ -1,0 +1,161 @@
+"""`blockdraft bench`: fair interleaving, equal truncation, summary math, and the report's files and last line.
+
+No timing is asserted: only how rows are scheduled, counted and summarized.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from contextlib import redirect_stdout
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from blockdraft.bench import BenchSettings
+from blockdraft.bench.methods import Decoded, reference_method
+from blockdraft.bench.runner import batches, interleaved_order, run_bench, trim
+from blockdraft.bench.summary import first_difference, paired_ratios, spread, summarize_method
+from blockdraft.cli import main
+from blockdraft.commands import bench as command
+from blockdraft.commands.bench import report
+from blockdraft.prompts import Prompt, benchmark_set_names
+
+from conftest import tiny_draft, tiny_target
+
+STOP = 2  # the tiny targets' eos id
+
+
+def test_interleaved_order_puts_every_method_in_every_slot():
+    names = ["a", "b", "c", "d"]
+    orders = [interleaved_order(names, i) for i in range(8)]
+    assert orders[0] == names, "the first batch runs the methods in their base order"
+    assert orders[1] == ["b", "c", "d", "a"], "each batch rotates the order left by one"
+    for slot in range(len(names)):
+        assert {o[slot] for o in orders[:4]} == set(names), "over M batches every method must run in every slot"
+    assert orders[4] == orders[0], "the rotation has period M"
+
+
+def test_batches_keep_file_order():
+    assert batches(5, 2) == [[0, 1], [2, 3], [4]]
+    assert batches(3, 1) == [[0], [1], [2]]
+
+
+def test_trim_counts_through_first_stop_and_caps_length():
+    assert trim([5, 6, STOP, 0, 0], {STOP}, 10) == [5, 6, STOP], "pads after a stop must not count as new tokens"
+    assert trim([5, 6, 7, 8], {STOP}, 3) == [5, 6, 7], "no method may be credited past max_new_tokens"
+    assert trim([5, 6, 7, STOP], {STOP}, 3) == [5, 6, 7]
+
+
+def test_spread_gives_median_range_and_quartiles():
+    s = spread([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["median"], s["min"], s["max"], s["q1"], s["q3"], s["n"]) == (3.0, 1.0, 5.0, 2.0, 4.0, 5)
+    assert spread([7.0])["q1"] == spread([7.0])["q3"] == 7.0
+    assert spread([]) is None
+
+
+def test_speedup_is_median_of_paired_ratios_not_ratio_of_medians():
+    method = {0: 10.0, 1: 30.0, 2: 40.0}
+    reference = {0: 5.0, 1: 10.0, 2: 40.0}
+    assert paired_ratios(method, reference) == [2.0, 3.0, 1.0]
+    rows = [{"batch": b, "tokens_per_second": r, "new_tokens": [4], "seconds": 1.0} for b, r in method.items()]
+    summary = summarize_method(rows, {"hf-generate": reference})
+    assert summary["speedup_vs_hf_generate"]["median"] == 2.0, "speedups pair each batch with its own reference run"
+    assert summary["tokens_per_second"]["median"] == 30.0 and summary["new_tokens"] == 12
+
+
+def test_first_difference_finds_divergence_and_length_change():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+
+
+class FakeMethod:
+    """Returns each prompt followed by a stop and padding, and logs every call."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def decode(self, prompts, max_new_tokens):
+        self.log.append((self.name, max_new_tokens, len(prompts)))
+        return [Decoded(list(p) + [STOP, 0, 0]) for p in prompts]
+
+
+def test_runner_warms_up_then_interleaves_and_truncates():
+    log = []
+    methods = [FakeMethod(n, log) for n in ("a", "b", "c")]
+    prompts = [[10, 11], [12], [13, 14], [15]]
+    target = SimpleNamespace(max_positions=512, device=torch.device("cpu"))  # all the runner asks of a target
+    run = run_bench(target, methods, prompts, BenchSettings(block_size=4, max_new_tokens=32, batch_size=1),
+                    [STOP])
+    warm, timed = log[:3], log[3:]
+    assert [name for name, _, _ in warm] == ["a", "b", "c"] and all(n == 16 for _, n, _ in warm)
+    assert [name for name, _, _ in timed] == list("abc" "bca" "cab" "abc"), "methods must rotate per prompt"
+    assert [r["method"] for r in run.rows] == [name for name, _, _ in timed]
+    assert run.tokens["a"][0] == [10, 11, STOP], "new tokens stop at the first stop token, inclusive"
+    assert all(r["new_tokens"] == [len(prompts[r["batch"]]) + 1] for r in run.rows)
+
+
+@pytest.fixture(scope="module")
+def bench_out(tmp_path_factory):
+    """One small real run (tiny fp32 target, 3 prompts in batches of 2), shared by the report tests."""
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    out = tmp_path_factory.mktemp("bench")
+    stdout = io.StringIO()
+    with redirect_stdout(stdout):
+        settings = BenchSettings(block_size=4, max_new_tokens=4, batch_size=2, warmup=False)  # warm-up tested above
+        prompts = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9]]
+        rc = report(target, draft, prompts, settings, out, context={"prompt_set": "tiny"})
+    return rc, stdout.getvalue(), out
+
+
+def test_report_ends_stdout_with_one_json_line(bench_out):
+    rc, stdout, out = bench_out
+    assert rc == 0
+    line = json.loads(stdout.rstrip("\n").splitlines()[-1])
+    assert set(line["methods"]) == {"ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft"}
+    assert (line["K"], line["N"], line["batch_size"], line["dtype"]) == (4, 4, 2, "float32")
+    assert line["methods"]["blockdraft"]["mean_tau"] >= 1.0
+
+
+def test_report_writes_full_json_and_png(bench_out):
+    _, _, out = bench_out
+    document = json.loads((out / "bench.json").read_text())
+    assert len(document["rows"]) == 2 * 4, "one row per (batch, method)"
+    assert {"device", "torch", "transformers"} <= set(document["hardware"]) and document["date"]
+    assert len(document["acceptance"]["blockdraft"]["tau_histogram"]) == 4
+    # fp32 tiny targets have no near-ties: every greedy method must reproduce our baseline exactly.
+    assert document["mismatches"] == [], f"greedy methods disagree with ours-baseline: {document['mismatches']}"
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_prompt_set_lists_known_sets(capsys):
+    assert main(["bench", "--prompts", "no-such-set"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-set" in err and all(name in err for name in benchmark_set_names())
+
+
+def test_bad_prompt_file_line_is_named(tmp_path, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n{"prompt": \n')
+    assert main(["bench", "--prompts", str(path)]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+
+def test_training_set_is_refused_for_benchmarking(monkeypatch, capsys):
+    # Stands in for a healthbench extract: the loaded prompts carry the set they came from.
+    monkeypatch.setattr(command, "load_prompts", lambda *a: [Prompt("1", ({"role": "user", "content": "hi"},),
+                                                                   "healthbench")])
+    assert main(["bench", "--prompts", "extract.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "training set" in err and "mt-bench" in err
+
+
+def test_reference_runtime_is_skipped_with_a_note_when_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dflash.model", None)  # makes `from dflash.model import ...` raise ImportError
+    method, note = reference_method(SimpleNamespace(), 4, [STOP], draft_folder=None)
+    assert method is None and "not installed" in note, "an absent optional runtime must be skipped, never fatal"

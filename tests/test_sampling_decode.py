@@ -1,0 +1,331 @@
+"""Sampling and batching through the whole decode loop (DESIGN.md §3-4).
+
+- Exactness: at temperature > 0 the speculative loop's first tokens follow the target's own joint distribution,
+  computed exactly by enumerating every continuation on a tiny vocabulary; a chi-square test at alpha 0.01 over
+  thousands of seeded rows. The same test must reject deliberately broken acceptance rules.
+- Batching: greedy rows of a ragged batch equal the same rows decoded alone; a sampled row's tokens depend only on
+  its seed, not on the batch it shares.
+- Bad sampling input fails before compute, naming the parameter; NaN draft logits fail loudly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import blockdraft.api as api
+from blockdraft.config import DraftConfig
+from blockdraft.decode.generate import generate
+from blockdraft.decode.selection import Selector
+from blockdraft.errors import InputError
+from blockdraft.model.draft import DFlashDraftModel
+from blockdraft.model.target import Target
+from blockdraft.sampling import (
+    SamplingParams,
+    draw_uniforms,
+    logits_to_probs,
+    rejection_accept,
+    sample_from_uniforms,
+)
+
+from conftest import VOCAB, ScriptedDrafter, tiny_draft, tiny_target
+
+ALPHA = 0.01
+SMALL_VOCAB = 6  # joint of 3 tokens = 216 cells: enumerable, and thousands of rows fill them
+SMALL_PROMPT = [3, 0, 4, 2]
+NUM_TOKENS = 3
+NUM_ROWS = 8000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy shared CPU the thread handoffs cost 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------- tiny vocabulary
+
+
+@pytest.fixture(scope="module")
+def small_models() -> tuple[Target, DFlashDraftModel]:
+    """A 6-token target with peaked (not uniform) distributions, and a 1-layer draft whose q differs from p."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # random init is near uniform; scaled, the first token's top p is ~0.5
+    target = Target(model.float().eval())
+    cfg = DraftConfig.for_target(target.config, num_draft_layers=1, block_size=4, mask_token_id=SMALL_VOCAB - 1)
+    draft = DFlashDraftModel(cfg)
+    draft.init_weights(generator=torch.Generator().manual_seed(1))
+    return target, draft.float().eval()
+
+
+@torch.inference_mode()
+def exact_joint(target: Target, prompt: list[int], params: SamplingParams, num_tokens: int) -> np.ndarray:
+    """P(t1..tn | prompt) for every continuation, flat [V**n] in lexicographic order, from plain HF forwards.
+
+    p(t1..tn) = prod_i p(t_i | prompt, t1..t_(i-1)), each factor the same logits_to_probs transform the decode
+    loop applies, over the model's own forward rather than blockdraft's cached one: an independent oracle.
+    """
+    V = target.config.vocab_size
+    joint = torch.ones(1, dtype=torch.float64)  # [V**i]: probability of each length-i prefix
+    prefixes = torch.tensor([prompt])  # [V**i, P + i]
+    for _ in range(num_tokens):
+        probs = logits_to_probs(target.model(prefixes).logits[:, -1], params).double()  # [V**i, V]
+        joint = (joint[:, None] * probs).reshape(-1)
+        grown = prefixes.repeat_interleave(V, dim=0)
+        prefixes = torch.cat([grown, torch.arange(V).repeat(prefixes.shape[0])[:, None]], dim=1)
+    return joint.numpy()
+
+
+def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False) -> np.ndarray:
+    """Counts [V**n] of the first NUM_TOKENS tokens over num_rows rows of one prompt, one seed per row."""
+    V = target.config.vocab_size
+    selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax)
+    results = generate(target, draft, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=block_size,
+                       stop_token_ids=[], selector=selector)
+    tokens = np.array([r.tokens for r in results])  # [rows, n]
+    cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
+    return np.bincount(cells, minlength=V**NUM_TOKENS)
+
+
+def goodness_of_fit(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square p-value of counts against exact probabilities; cells expecting < 5 are pooled into one."""
+    # A sample in a cell the filters give probability 0 is a bug whatever the statistics say.
+    impossible = counts[probs == 0].sum()
+    assert impossible == 0, f"{impossible} samples have probability 0 under the target's filtered distribution"
+    expected = probs / probs.sum() * counts.sum()
+    big = expected >= 5
+    observed, wanted = list(counts[big]), list(expected[big])
+    pooled_observed, pooled_expected = counts[~big].sum(), expected[~big].sum()
+    if pooled_expected >= 5:
+        observed.append(pooled_observed)
+        wanted.append(pooled_expected)
+    elif pooled_expected > 0:  # too little to stand alone: join the smallest kept cell
+        smallest = int(np.argmin(wanted))
+        observed[smallest] += pooled_observed
+        wanted[smallest] += pooled_expected
+    return float(chisquare(observed, wanted).pvalue)
+
+
+# Seeds 10_000 apart: row i uses seed + i, so no two cases (or the tests below) share a row's random stream.
+SAMPLED_CASES = [
+    pytest.param(dict(temperature=1.0, seed=10_000), 4, False, id="T1"),
+    pytest.param(dict(temperature=0.7, top_k=3, seed=20_000), 4, False, id="T0.7-topk3"),
+    pytest.param(dict(temperature=1.0, top_p=0.8, seed=30_000), 4, False, id="T1-topp0.8"),
+    pytest.param(dict(temperature=0.7, top_p=0.9, min_p=0.05, seed=40_000), 4, True, id="T0.7-topp-minp-argmax"),
+    # K = 2 commits d1 and then, when d1 is accepted, the bonus from p_(K-1) within the 3 tokens checked.
+    pytest.param(dict(temperature=1.0, seed=50_000), 2, False, id="T1-K2"),
+]
+
+
+@pytest.mark.parametrize("params, block_size, draft_argmax", SAMPLED_CASES)
+def test_speculative_sampling_matches_target_distribution(small_models, params, block_size, draft_argmax):
+    target, draft = small_models
+    sampling = SamplingParams(**params)
+    counts = sampled_counts(target, draft, sampling, block_size=block_size, draft_argmax=draft_argmax)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"speculative sampling is not distributed as the target's own (p = {pvalue:.2e})"
+
+
+def test_target_alone_sampling_matches_target_distribution(small_models):
+    """The control: the oracle and the statistics agree on the loop without a draft."""
+    target, _ = small_models
+    sampling = SamplingParams(temperature=1.0, top_k=4, seed=60_000)
+    counts = sampled_counts(target, None, sampling)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"target-only sampling does not follow the target's distribution (p = {pvalue:.2e})"
+
+
+def test_speculative_sampling_accepts_and_rejects(small_models):
+    """The exactness test above only means something if both paths run: some proposals accepted, some not."""
+    target, draft = small_models
+    selector = Selector(SamplingParams(temperature=1.0, seed=70_000), num_rows=500)
+    results = generate(target, draft, [SMALL_PROMPT] * 500, max_new_tokens=8, block_size=4, stop_token_ids=[],
+                       selector=selector)
+    histogram = np.sum([r.stats.histogram for r in results], axis=0)
+    assert histogram[0] > 0.1 * histogram.sum() and histogram[-1] > 0.1 * histogram.sum(), (
+        f"tau histogram {histogram.tolist()}: the draft should be neither always rejected nor always accepted"
+    )
+
+
+def accept_everything(p, q, draft_tokens, generator=None):
+    """Wrong: every proposal accepted, so committed proposals follow q instead of p."""
+    B, K, _ = p.shape
+    uniforms = draw_uniforms(generator, (B, K), p.device)
+    num_accepted = torch.full((B,), K - 1, dtype=torch.long)
+    return num_accepted, sample_from_uniforms(p[:, K - 1], uniforms[:, -1])
+
+
+def replace_from_p(p, q, draft_tokens, generator=None):
+    """Wrong: the replacement after a rejection drawn from p instead of norm(max(0, p - q))."""
+    B, K, _ = p.shape
+    uniforms = draw_uniforms(generator, (B, K), p.device)
+    num_accepted = rejection_accept(p, q, draft_tokens, uniforms[:, :-1])
+    return num_accepted, sample_from_uniforms(p[torch.arange(B), num_accepted], uniforms[:, -1])
+
+
+@pytest.mark.parametrize("wrong_rule", [accept_everything, replace_from_p])
+def test_broken_acceptance_fails_the_same_test(small_models, monkeypatch, wrong_rule):
+    """The chi-square test has the power to catch a wrong acceptance rule; otherwise its passes prove nothing."""
+    target, draft = small_models
+    monkeypatch.setattr("blockdraft.decode.selection.speculative_sample", wrong_rule)
+    sampling = SamplingParams(temperature=1.0, seed=80_000)
+    counts = sampled_counts(target, draft, sampling, num_rows=4000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue < ALPHA, f"{wrong_rule.__name__} passed the exactness test (p = {pvalue:.3f}); it has no power"
+
+
+def test_exactness_test_detects_a_two_percent_shift(small_models):
+    """2% of the mass moved between the two likeliest continuations fails at NUM_ROWS rows.
+
+    One fixed draw here; over 200 draws such a shift was caught 99.5% of the time at alpha 0.01.
+    """
+    target, _ = small_models
+    sampling = SamplingParams(temperature=1.0)
+    probs = exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS)
+    shifted = probs.copy()
+    top, other = np.argsort(probs)[-1], np.argsort(probs)[-2]
+    shifted[top] -= 0.02
+    shifted[other] += 0.02
+    counts = np.random.default_rng(0).multinomial(NUM_ROWS, shifted)
+    pvalue = goodness_of_fit(counts, probs)
+    assert pvalue < ALPHA, f"a 2% shift passed the exactness test at {NUM_ROWS} rows (p = {pvalue:.3f})"
+
+
+# ---------------------------------------------------------------------------------------------- ragged batches
+
+PROMPT_LENGTHS = [1, 9, 3, 14, 5, 2, 11, 7]
+MAX_NEW = 28
+K = 8
+
+
+@pytest.fixture(scope="module")
+def llama():
+    target = tiny_target("llama")
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 90, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    # The target's own greedy continuations, long enough for the scripted drafter to look K ahead.
+    base = generate(target, None, prompts, max_new_tokens=MAX_NEW + K, stop_token_ids=[])
+    references = [p + r.tokens for p, r in zip(prompts, base)]
+    return target, prompts, references
+
+
+def staggered_stop(prompts, references) -> int:
+    """A stop token that ends the rows after the most different numbers of tokens (some rows not at all)."""
+    outputs = [ref[len(p): len(p) + MAX_NEW] for p, ref in zip(prompts, references)]
+
+    def ends(token):
+        return {out.index(token) if token in out else MAX_NEW for out in outputs}
+
+    return max(sorted({t for out in outputs for t in out}), key=lambda t: len(ends(t)))
+
+
+@pytest.mark.parametrize("drafter_kind", ["tiny_draft", "scripted"])
+def test_batch_equals_rows_alone(llama, drafter_kind):
+    target, prompts, references = llama
+    draft = tiny_draft(target, block_size=K)
+
+    def drafter(rows: list[int]):
+        if drafter_kind == "scripted":  # right for exactly the first j proposals, j cycling: every tau occurs
+            return ScriptedDrafter([references[i] for i in rows], K)
+        return draft
+
+    stop = [staggered_stop(prompts, references)]
+    alone = [generate(target, drafter([i]), [p], max_new_tokens=MAX_NEW, block_size=K, stop_token_ids=stop)[0]
+             for i, p in enumerate(prompts)]
+    lengths = {len(r.tokens) for r in alone}
+    assert len(lengths) >= 3 and {r.finish_reason for r in alone} == {"stop", "length"}, (
+        f"rows should finish at different steps, got lengths {sorted(lengths)}"
+    )
+    for n in range(1, len(prompts) + 1):
+        batch = generate(target, drafter(list(range(n))), prompts[:n], max_new_tokens=MAX_NEW, block_size=K,
+                         stop_token_ids=stop)
+        for i, (row, single) in enumerate(zip(batch, alone)):
+            assert row.tokens == single.tokens and row.finish_reason == single.finish_reason, (
+                f"row {i} of a batch of {n} differs from the row decoded alone: batching changed greedy output"
+            )
+
+
+# ---------------------------------------------------------------------------------------------- reproducibility
+
+SAMPLING = SamplingParams(temperature=1.0, top_p=0.95, seed=41)
+
+
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_sampled_row_depends_only_on_its_seed(llama, with_draft):
+    """Row i of a batch seeded s equals row i alone seeded s + i, and a repeated call repeats every row."""
+    target, prompts, _ = llama
+    draft = tiny_draft(target, block_size=K) if with_draft else None
+    rows = prompts[:4]
+    batch = api.generate(target, draft, rows, max_new_tokens=20, stop_token_ids=[], sampling=SAMPLING)
+    again = api.generate(target, draft, rows, max_new_tokens=20, stop_token_ids=[], sampling=SAMPLING)
+    assert [c.tokens for c in again] == [c.tokens for c in batch], "the same seed must give the same tokens"
+    for i, prompt in enumerate(rows):
+        seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=SAMPLING.seed + i)
+        alone = api.generate(target, draft, prompt, max_new_tokens=20, stop_token_ids=[], sampling=seeded)
+        assert alone.tokens == batch[i].tokens, f"row {i}'s samples changed with the batch it shares"
+    other = api.generate(target, draft, rows, max_new_tokens=20, stop_token_ids=[],
+                         sampling=SamplingParams(temperature=1.0, top_p=0.95, seed=1041))
+    assert [c.tokens for c in other] != [c.tokens for c in batch], "a different seed should change the samples"
+
+
+def test_unseeded_sampling_leaves_global_rng_alone(llama):
+    target, prompts, _ = llama
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    api.generate(target, None, prompts[0], max_new_tokens=4, sampling=SamplingParams(temperature=1.0))
+    assert torch.equal(torch.rand(3), expected), "generate must not re-seed the caller's global torch generator"
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "params, name",
+    [
+        (dict(temperature=-0.5), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=0.7, top_p=0.0), "top_p"),
+        (dict(temperature=0.7, top_p=1.5), "top_p"),
+        (dict(temperature=0.7, top_k=-1), "top_k"),
+        (dict(temperature=0.7, min_p=1.0), "min_p"),
+        (dict(temperature=0.7, min_p=-0.1), "min_p"),
+    ],
+)
+def test_bad_sampling_params_name_the_parameter(llama, params, name):
+    target, prompts, _ = llama
+    with pytest.raises(InputError, match=f"`{name}`"):
+        api.generate(target, None, prompts[0], max_new_tokens=4, sampling=SamplingParams(**params))
+
+
+def test_sampling_must_be_sampling_params(llama):
+    target, prompts, _ = llama
+    with pytest.raises(InputError, match="`sampling`"):
+        api.generate(target, None, prompts[0], max_new_tokens=4, sampling={"temperature": 0.7})
+
+
+class NaNDrafter(ScriptedDrafter):
+    """A draft whose logits overflowed: every entry NaN."""
+
+    def propose(self, anchors, anchor_positions):
+        return torch.full((anchors.shape[0], self.block_size - 1, VOCAB), float("nan"))
+
+
+@pytest.mark.parametrize("draft_argmax", [False, True])
+def test_nan_draft_logits_raise_under_sampling(llama, draft_argmax):
+    target, prompts, _ = llama
+    with pytest.raises(InputError, match="NaN"):
+        api.generate(target, NaNDrafter([[0]], K), prompts[:2], max_new_tokens=8, draft_argmax=draft_argmax,
+                     sampling=SamplingParams(temperature=0.7, seed=0))

@@ -1,0 +1,481 @@
+"""The OpenAI-compatible server: every route, every refusal, streaming, batching, failures, a real client.
+
+The server is a thin layer, so its outputs are checked against the library: a request's text is the
+library's greedy decode of the same prompt, streamed chunks concatenate to the whole response, and requests
+batched together each get what they get alone. Everything runs in-process on a tiny random target with a
+character-level tokenizer built here; the one end-to-end test binds uvicorn to a loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from blockdraft.decode.generate import generate
+from blockdraft.sampling import SamplingParams
+from blockdraft.server import create_app, worker as worker_module
+from blockdraft.server.stops import StopStrings
+from blockdraft.server.worker import Tokens, Worker
+from blockdraft.train.data import encode_prompt
+
+from conftest import VOCAB, tiny_draft, tiny_target
+
+MODEL = "tiny"
+LIMIT = 64  # the server's max_tokens limit in these tests
+BODY_LIMIT = 4096
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+
+
+def char_tokenizer():
+    """A character-level tokenizer over the tiny vocabulary: ids 3..94 are printable characters.
+
+    0, 1, 2 are pad, bos and eos (the tiny target's ids), 95 is the draft's mask token; all four are special,
+    so any id the random target emits decodes, and special ids decode to nothing.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)][: VOCAB - 4]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(chars)}, "<mask>": VOCAB - 1}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="?", additional_special_tokens=["<mask>"])
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def model():
+    target = tiny_target("llama")
+    target.tokenizer = char_tokenizer()
+    return target, tiny_draft(target, block_size=8)
+
+
+@pytest.fixture(scope="module")
+def client(model):
+    target, draft = model
+    app = create_app(target, draft, model_id=MODEL, max_batch=8, max_tokens_limit=LIMIT, max_body_bytes=BODY_LIMIT)
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def chat_body(content="Hello", **extra):
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 12,
+            **extra}
+
+
+def text_body(prompt="Once upon", **extra):
+    return {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 12, **extra}
+
+
+def sse_payloads(response) -> list:
+    """The JSON payloads of a server-sent event stream; the final `[DONE]` is checked and dropped."""
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]", "an OpenAI stream must end with data: [DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+def streamed_text(payloads, chat: bool) -> str:
+    key = (lambda c: c["delta"].get("content", "")) if chat else (lambda c: c["text"])
+    return "".join(key(choice) for p in payloads for choice in p["choices"])
+
+
+def library_reply(target, draft, prompt_ids, max_tokens):
+    result = generate(target, draft, [prompt_ids], max_new_tokens=max_tokens)[0]
+    return target.tokenizer.decode(result.tokens, skip_special_tokens=True), result
+
+
+# Routes
+
+
+def test_models_and_health(client):
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL] and models["object"] == "list"
+    health = client.get("/health")
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok" and health.json()["speculative"] is True
+
+
+def test_chat_equals_library_greedy_with_usage(client, model):
+    target, draft = model
+    response = client.post(CHAT, json=chat_body())
+    assert response.status_code == 200, response.text
+    body = response.json()
+    prompt = encode_prompt(target.tokenizer, [{"role": "user", "content": "Hello"}])
+    text, result = library_reply(target, draft, prompt, 12)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": text}, "the server changed the decode"
+    assert body["choices"][0]["finish_reason"] == result.finish_reason
+    assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(result.tokens),
+                             "total_tokens": len(prompt) + len(result.tokens)}
+    assert body["id"] == "chatcmpl-" + response.headers["x-request-id"] and body["object"] == "chat.completion"
+
+
+def test_completions_accept_text_and_token_ids(client, model):
+    target, draft = model
+    ids = [5, 17, 33, 8, 41]
+    by_ids = client.post(TEXT, json=text_body(ids)).json()
+    text, result = library_reply(target, draft, ids, 12)
+    assert by_ids["choices"][0]["text"] == text and by_ids["usage"]["completion_tokens"] == len(result.tokens)
+    by_text = client.post(TEXT, json=text_body("Once upon")).json()
+    text, _ = library_reply(target, draft, target.tokenizer("Once upon")["input_ids"], 12)
+    assert by_text["choices"][0]["text"] == text and by_text["object"] == "text_completion"
+
+
+@pytest.mark.parametrize("route", [CHAT, TEXT])
+def test_stream_chunks_concatenate_to_the_whole_response(client, route):
+    chat = route == CHAT
+    body = chat_body("Stream me") if chat else text_body("Stream me")
+    whole = client.post(route, json=body).json()
+    response = client.post(route, json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_payloads(response)
+    expected = whole["choices"][0]["message"]["content"] if chat else whole["choices"][0]["text"]
+    assert streamed_text(payloads, chat) == expected, "streamed chunks must add up to the non-streamed text"
+    if chat:
+        assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    finishes = [c["finish_reason"] for p in payloads for c in p["choices"] if c["finish_reason"]]
+    assert finishes == [whole["choices"][0]["finish_reason"]], "exactly one chunk carries the finish reason"
+    assert payloads[-1]["choices"] == [] and payloads[-1]["usage"] == whole["usage"]
+    assert {p["id"] for p in payloads} == {payloads[0]["id"]}
+
+
+def test_stop_string_cuts_text_streamed_or_not(client):
+    free = client.post(TEXT, json=text_body(max_tokens=24)).json()["choices"][0]["text"]
+    assert len(free) >= 8, f"the tiny model should write some text, got {free!r}"
+    stop = free[4:6]
+    cut = free[: free.index(stop)]
+    whole = client.post(TEXT, json=text_body(max_tokens=24, stop=[stop, "never-seen"])).json()
+    assert whole["choices"][0] == {**whole["choices"][0], "text": cut, "finish_reason": "stop"}
+    streamed = sse_payloads(client.post(TEXT, json=text_body(max_tokens=24, stop=stop, stream=True)))
+    assert streamed_text(streamed, chat=False) == cut, "no part of a stop string may leak into the stream"
+
+
+def test_stop_strings_hold_back_a_split_match():
+    stops = StopStrings(["</end>"])
+    assert stops.push("a </") == "a ", "the possible start of the stop string is held back"
+    assert stops.push("en") == ""
+    assert stops.push("d> more") == "" and stops.hit
+    stops = StopStrings(["</end>"])
+    assert stops.push("x </e") == "x " and stops.push("gg") == "</egg"
+    assert stops.push("<") == "" and stops.flush() == "<", "a row's end releases what never became a stop string"
+
+
+def test_metrics_expose_requests_tokens_latency_and_acceptance(client):
+    client.post(CHAT, json=chat_body())
+    text = client.get("/metrics").text
+    assert 'blockdraft_requests_total{route="/v1/chat/completions",status="200"}' in text
+    assert 'blockdraft_request_duration_seconds_bucket{route="/v1/chat/completions",le="+Inf"}' in text
+    assert 'blockdraft_tokens_total{kind="completion"}' in text
+    tau_count = next(line for line in text.splitlines() if line.startswith("blockdraft_tau_count"))
+    assert int(tau_count.split()[-1]) > 0, "verify steps must be counted"
+    assert text.count("blockdraft_acceptance_rate{position=") == 7, "one rate per proposal slot 1..K-1 (K=8)"
+    assert 'blockdraft_tau_bucket{le="8"}' in text and "# TYPE blockdraft_tau histogram" in text
+
+
+# Refusals: each names what it refuses
+
+
+REFUSALS = [
+    (CHAT, {"foo": 1}, "foo", "unknown_parameter"),
+    (CHAT, {"n": 2}, "n", "unsupported_parameter"),
+    (CHAT, {"logprobs": True}, "logprobs", "unsupported_parameter"),
+    (CHAT, {"top_logprobs": 3}, "top_logprobs", "unsupported_parameter"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_parameter"),
+    (CHAT, {"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    (CHAT, {"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
+    (CHAT, {"frequency_penalty": -1}, "frequency_penalty", "unsupported_parameter"),
+    (CHAT, {"logit_bias": {"5": 10}}, "logit_bias", "unsupported_parameter"),
+    (CHAT, {"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+    (CHAT, {"messages": []}, "messages", "invalid_value"),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "invalid_value"),
+    (CHAT, {"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens", "invalid_value"),
+    (TEXT, {"best_of": 2}, "best_of", "unsupported_parameter"),
+    (TEXT, {"echo": True}, "echo", "unsupported_parameter"),
+    (TEXT, {"suffix": "end"}, "suffix", "unsupported_parameter"),
+    (TEXT, {"logprobs": 1}, "logprobs", "unsupported_parameter"),
+    (TEXT, {"prompt": 7}, "prompt", "invalid_value"),
+    (TEXT, {"prompt": [5, 999]}, "prompt", None),
+    (TEXT, {"temperature": -0.5}, "temperature", "invalid_value"),
+    (TEXT, {"temperature": "hot"}, "temperature", "invalid_value"),
+    (TEXT, {"top_p": 0}, "top_p", "invalid_value"),
+    (TEXT, {"top_p": 1.5}, "top_p", "invalid_value"),
+    (TEXT, {"top_k": -1}, "top_k", "invalid_value"),
+    (TEXT, {"min_p": 1.0}, "min_p", "invalid_value"),
+    (TEXT, {"seed": -1}, "seed", "invalid_value"),
+    (TEXT, {"max_tokens": 0}, "max_tokens", "invalid_value"),
+    (TEXT, {"max_tokens": LIMIT + 1}, "max_tokens", "invalid_value"),
+    (TEXT, {"max_tokens": "5"}, "max_tokens", "invalid_value"),
+    (TEXT, {"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+    (TEXT, {"stop": [""]}, "stop", "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("route,change,param,code", REFUSALS, ids=[f"{r[0][4:]}-{r[2]}" for r in REFUSALS])
+def test_refusal_names_the_field(client, route, change, param, code):
+    body = {**(chat_body() if route == CHAT else text_body()), **change}
+    response = client.post(route, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    # A check across two fields (max_tokens vs max_completion_tokens) has no single param; the message names it.
+    assert error["param"] in (param, None) and f"`{param.split('[')[0]}" in error["message"], error
+    assert error["code"] == code or code is None
+    assert error["type"] == "invalid_request_error"
+    assert error["request_id"] == response.headers["x-request-id"], "errors carry the request id"
+
+
+def test_null_fields_mean_unset_but_unknown_fields_are_still_refused(client):
+    nulls = {"n": None, "stop": None, "presence_penalty": None, "seed": None, "logit_bias": None, "user": None}
+    response = client.post(CHAT, json=chat_body(**nulls))
+    assert response.status_code == 200, response.text
+    assert client.post(CHAT, json=chat_body(mystery=None)).json()["error"]["param"] == "mystery"
+
+
+@pytest.mark.parametrize("route", [CHAT, TEXT])
+def test_prompt_over_context_names_both_lengths(client, route):
+    long = "x" * 500  # 500 characters -> at least 500 tokens; the tiny target's context is 512
+    body = chat_body(long, max_tokens=20) if route == CHAT else text_body(long, max_tokens=20)
+    error = client.post(route, json=body).json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "`max_tokens` is 20" in error["message"] and "context of 512" in error["message"], error
+    prompt_tokens = int(error["message"].split("the prompt has ")[1].split(" tokens")[0])
+    assert prompt_tokens >= 500
+
+
+def test_chat_without_max_tokens_uses_the_rest_of_the_context(client):
+    error = client.post(CHAT, json={**chat_body("y" * 520), "max_tokens": None}).json()["error"]
+    assert error["code"] == "context_length_exceeded" and "at least 1 new token" in error["message"]
+
+
+def test_body_over_the_limit_is_413(client):
+    response = client.post(TEXT, json=text_body("z" * (BODY_LIMIT + 10)))
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    chunks = (b"{" + b" " * 1024 for _ in range(8))  # no Content-Length: the limit holds while reading
+    assert client.post(TEXT, content=chunks).status_code == 413
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'{"model": "tiny", "temperature": NaN}', b"\xff\xfe"])
+def test_malformed_json_is_400(client, raw):
+    response = client.post(TEXT, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_unknown_model_and_route_are_404(client):
+    error = client.post(TEXT, json=text_body(model="gpt-9")).json()["error"]
+    assert error["code"] == "model_not_found" and "gpt-9" in error["message"] and MODEL in error["message"]
+    response = client.get("/v2/nothing")
+    assert response.status_code == 404 and "error" in response.json()
+
+
+def test_api_key_is_required_on_v1_routes(model):
+    target, draft = model
+    with TestClient(create_app(target, draft, model_id=MODEL, api_key="s3cret")) as keyed:
+        assert keyed.get("/v1/models").status_code == 401
+        wrong = keyed.get("/v1/models", headers={"authorization": "Bearer guess"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+        assert keyed.post(TEXT, json=text_body(), headers={"authorization": "Bearer guess"}).status_code == 401
+        assert keyed.get("/v1/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
+        assert keyed.get("/health").status_code == 200, "probes need no key"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    body = text_body(temperature=0.9, top_p=0.95, seed=1234, max_tokens=10)
+    first, second = (client.post(TEXT, json=body).json()["choices"][0]["text"] for _ in range(2))
+    assert first == second, "the same seed must give the same sample"
+
+
+# Batching, cancelling, failures
+
+
+def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]]:
+    """Send `bodies` at once while the worker is held in a one-row batch, so they queue and decode as one batch.
+
+    Returns each request's choice and the sizes of the batches the worker ran meanwhile.
+    """
+    gate, sizes, real = threading.Event(), [], worker_module.stream
+
+    def gated(target, drafter, prompts, **kwargs):
+        sizes.append(len(prompts))
+        if len(sizes) == 1:
+            gate.wait(timeout=60)  # hold the worker in its first batch while the others queue up
+        yield from real(target, drafter, prompts, **kwargs)
+
+    monkeypatch.setattr(worker_module, "stream", gated)
+    worker = client.app.state.worker
+    with ThreadPoolExecutor(len(bodies) + 1) as pool:
+        blocker = pool.submit(client.post, TEXT, json=text_body("hold", max_tokens=2))
+        _wait_for(lambda: sizes == [1])
+        futures = [pool.submit(client.post, TEXT, json=b) for b in bodies]
+        _wait_for(lambda: worker.queue_depth == len(bodies))
+        gate.set()
+        choices = [f.result(timeout=120).json()["choices"][0] for f in futures]
+        assert blocker.result(timeout=120).status_code == 200
+    monkeypatch.undo()
+    return choices, sizes
+
+
+def test_concurrent_greedy_requests_each_match_alone(client, monkeypatch):
+    """Eight requests queued behind a running batch decode as one batch; each gets what it gets alone."""
+    bodies = [text_body(f"Prompt number {i} " + "ab" * i, max_tokens=6 + i) for i in range(8)]
+    alone = [client.post(TEXT, json=b).json()["choices"][0] for b in bodies]
+    batched, sizes = batched_together(client, monkeypatch, bodies)
+    assert sizes == [1, 8], f"the eight queued requests should form one batch, got batch sizes {sizes}"
+    for i, (one, many) in enumerate(zip(alone, batched)):
+        assert many == one, f"request {i} changed when batched with others: {many} vs {one}"
+
+
+def test_seeded_sampled_requests_match_alone_when_batched(client, monkeypatch):
+    """Each row draws from its own seed, so a seeded request's sample does not depend on its batch mates."""
+    bodies = [text_body(f"Sample {i}", temperature=0.8, top_k=20, seed=100 + i, max_tokens=8) for i in range(3)]
+    alone = [client.post(TEXT, json=b).json()["choices"][0] for b in bodies]
+    batched, sizes = batched_together(client, monkeypatch, bodies)
+    assert sizes == [1, 3]
+    assert batched == alone, "a seeded sample changed when its request shared a batch"
+
+
+def test_batches_group_equal_sampling_that_fits_the_context(model):
+    target, draft = model
+    worker = Worker(target, draft, max_batch=8)  # not started: batches are taken by hand
+    hot = SamplingParams(temperature=0.7)
+
+    async def queue() -> None:
+        worker.submit("a", [5] * 10, 200, SamplingParams())
+        worker.submit("b", [5] * 10, 20, replace(hot, seed=1))
+        worker.submit("c", [5] * 10, 20, SamplingParams(top_p=0.5))  # greedy ignores top_p: a's group
+        worker.submit("d", [5] * 10, 20, replace(hot, seed=2))  # seeds differ, parameters equal: b's group
+        worker.submit("e", [5] * 400, 20, SamplingParams())  # 400 + a's 200 > 512 positions: waits
+        worker.submit("f", [5] * 10, 20, replace(hot, top_k=5))
+
+    asyncio.run(queue())
+    batches = [[job.request_id for job in worker._take_batch()] for _ in range(4)]
+    assert batches == [["a", "c"], ["b", "d"], ["e"], ["f"]]
+
+
+def test_worker_failure_is_a_500_with_id_and_the_server_keeps_serving(client, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected decode failure")
+
+    monkeypatch.setattr(worker_module, "stream", broken)
+    response = client.post(CHAT, json=chat_body())
+    assert response.status_code == 500
+    error = response.json()["error"]
+    request_id = response.headers["x-request-id"]
+    assert error["request_id"] == request_id and request_id in error["message"]
+    assert error["type"] == "server_error" and "injected decode failure" in error["message"]
+    monkeypatch.undo()
+    assert client.post(CHAT, json=chat_body()).status_code == 200, "the worker must survive a failed batch"
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_failure_after_the_first_chunk_ends_the_stream_with_an_error_event(client, monkeypatch):
+    real = worker_module.stream
+
+    def fails_later(*args, **kwargs):
+        events = real(*args, **kwargs)
+        yield next(events)
+        raise RuntimeError("injected late failure")
+
+    monkeypatch.setattr(worker_module, "stream", fails_later)
+    payloads = sse_payloads(client.post(CHAT, json=chat_body(stream=True)))
+    assert "injected late failure" in payloads[-1]["error"]["message"]
+    monkeypatch.undo()
+    assert client.post(CHAT, json=chat_body()).status_code == 200
+
+
+def test_cancelled_row_stops_its_batch(model, monkeypatch):
+    """A reader that leaves cancels its row; a batch whose rows are all cancelled stops decoding."""
+    target, draft = model
+    committed, real = [], worker_module.stream
+
+    def counting(*args, **kwargs):
+        for event in real(*args, **kwargs):
+            committed.append(len(event.tokens))
+            yield event
+
+    monkeypatch.setattr(worker_module, "stream", counting)
+
+    async def scenario():
+        worker = Worker(target, draft, max_batch=4)
+        worker.start()
+        try:
+            job = worker.submit("r1", [5, 6, 7], 200, SamplingParams())
+            first = await asyncio.wait_for(job.next_event(), 60)
+            job.cancel()
+            done = worker.submit("r2", [5, 6, 7], 3, SamplingParams())  # runs only after the first batch has stopped
+            while not (event := await asyncio.wait_for(done.next_event(), 60)).finish_reason:
+                pass
+            return first, event
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    first, last = asyncio.run(scenario())
+    assert isinstance(first, Tokens) and last.finish_reason in ("stop", "length")
+    assert sum(committed) < 100, f"the cancelled row decoded {sum(committed)} tokens instead of stopping"
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.01)
+
+
+# The real thing: uvicorn on a loopback port, the official OpenAI client
+
+
+def test_openai_client_against_uvicorn(model):
+    import uvicorn
+    from openai import OpenAI
+
+    target, draft = model
+    app = create_app(target, draft, model_id=MODEL, api_key="e2e-key", max_tokens_limit=LIMIT)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; the server takes the bound socket, no race
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: _healthy(port), timeout=60)
+        openai = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="e2e-key", max_retries=0, timeout=60)
+        assert [m.id for m in openai.models.list()] == [MODEL]
+        messages = [{"role": "user", "content": "Hi there"}]
+        whole = openai.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+        chunks = openai.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                                stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == whole.choices[0].message.content and whole.usage.completion_tokens > 0
+        text = openai.completions.create(model=MODEL, prompt="Once", max_tokens=5, temperature=0)
+        assert text.choices[0].finish_reason in ("stop", "length")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_serve_command_defaults_to_loopback():
+    from blockdraft.cli import build_parser
+
+    args = build_parser(only="serve").parse_args(["serve", "--no-spec"])
+    assert (args.host, args.port, args.max_batch, args.max_tokens_limit, args.no_spec) == ("127.0.0.1", 8000, 8,
+                                                                                         4096, True)
