@@ -1,6 +1,6 @@
 """blockdraft: exact DFlash block-diffusion speculative decoding.
 
-Public API: load_target, load_draft, generate, Completion, DraftConfig, AcceptanceStats. They are imported
+Public API: load_target, load_draft, generate, Completion, DraftConfig, SamplingParams, AcceptanceStats. They are imported
 on first use, so `import blockdraft.<module>` stays light.
 """
 
@@ -13,6 +13,7 @@ _PUBLIC = {
     "Completion": "blockdraft.api",
     "DraftConfig": "blockdraft.config",
     "AcceptanceStats": "blockdraft.metrics",
+    "SamplingParams": "blockdraft.sampling",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -84,3 +84,24 @@ class ScriptedDrafter:
                 token = truth if k <= right else (truth + 1) % VOCAB
                 logits[b, k - 1, token] = 10.0
         return logits
+
+
+def char_tokenizer():
+    """A character-level tokenizer over the tiny vocabulary: ids 3..94 are printable characters.
+
+    0, 1, 2 are pad, bos and eos (the tiny target's ids), 95 is the draft's mask token; all four are special,
+    so any id the random target emits decodes, and special ids decode to nothing.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)][: VOCAB - 4]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(chars)}, "<mask>": VOCAB - 1}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="?", additional_special_tokens=["<mask>"])
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    return tokenizer

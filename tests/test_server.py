@@ -27,34 +27,13 @@ from blockdraft.server.stops import StopStrings
 from blockdraft.server.worker import Tokens, Worker
 from blockdraft.train.data import encode_prompt
 
-from conftest import VOCAB, tiny_draft, tiny_target
+from conftest import VOCAB, char_tokenizer, tiny_draft, tiny_target
 
 MODEL = "tiny"
 LIMIT = 64  # the server's max_tokens limit in these tests
 BODY_LIMIT = 4096
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
-
-
-def char_tokenizer():
-    """A character-level tokenizer over the tiny vocabulary: ids 3..94 are printable characters.
-
-    0, 1, 2 are pad, bos and eos (the tiny target's ids), 95 is the draft's mask token; all four are special,
-    so any id the random target emits decodes, and special ids decode to nothing.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = [chr(c) for c in range(32, 127)][: VOCAB - 4]
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(chars)}, "<mask>": VOCAB - 1}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="?"))
-    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                        unk_token="?", additional_special_tokens=["<mask>"])
-    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
-                               "{% if add_generation_prompt %}<assistant>{% endif %}")
-    return tokenizer
 
 
 @pytest.fixture(scope="module")

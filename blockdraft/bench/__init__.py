@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..decode.generate import _eos_ids
+from ..decode.generate import eos_ids
 from ..hardware import describe
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
@@ -31,7 +31,7 @@ def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]],
               on_progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Run every available method on `prompts` (token ids) and return the bench document (report.py)."""
     # One stop set for every method, the one our decode loop uses by default: equal stopping.
-    stop_token_ids = sorted(_eos_ids(target))
+    stop_token_ids = sorted(eos_ids(target))
     methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder)
     run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
     context = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device), **(context or {}),

@@ -1,11 +1,48 @@
-"""`blockdraft train`."""
+"""`blockdraft train`: train a draft on a `blockdraft data` folder (torchrun-ready)."""
 
 from __future__ import annotations
 
+from ..io.targets import load_target, parse_dtype
+
 
 def add_arguments(parser) -> None:
-    pass
+    parser.add_argument("--data", required=True, help="folder written by `blockdraft data`")
+    parser.add_argument("--out", required=True, help="run folder: checkpoint/, draft/, metrics.jsonl, curves.png")
+    parser.add_argument("--layers", type=int, default=5, help="draft layers (1-8)")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7, 5, 4 for K 16, 10, 8)")
+    parser.add_argument("--anchors", type=int, default=512, help="anchors per sequence")
+    parser.add_argument("--max-seq-len", type=int, default=3072)
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step (all ranks)")
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--save-every", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--val-fraction", type=float, default=0.02)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mask-token-id", type=int, default=None)
+    parser.add_argument("--target-layer-ids", default=None, help="comma-separated ids (default: the spread rule)")
+    parser.add_argument("--init-from", default=None, help="start from this draft folder")
+    parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
+    parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--target-dtype", default="bfloat16", help="dtype of the frozen target")
+    parser.add_argument("--device", default="cpu")
 
 
 def run(args) -> int:
-    raise SystemExit("blockdraft train: not available in this version")
+    from ..train.trainer import TrainConfig, train
+
+    ids = tuple(int(i) for i in args.target_layer_ids.split(",")) if args.target_layer_ids else None
+    cfg = TrainConfig(
+        data_dir=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
+        gamma=args.gamma, anchors=args.anchors, max_seq_len=args.max_seq_len, lr=args.lr, epochs=args.epochs,
+        batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.max_steps,
+        save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
+        mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
+        cpu_autocast=args.cpu_autocast,
+    )
+    target = load_target(args.target, dtype=parse_dtype(args.target_dtype), device=args.device)
+    print(f"draft written to {train(target, cfg)}")
+    return 0

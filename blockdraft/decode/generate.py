@@ -81,7 +81,7 @@ def stream(
     K = drafter.block_size if drafter else 1
     check_request(target, prompts, max_new_tokens, K, drafter.trained_block_size if drafter else None)
     if stop_token_ids is None:
-        stop_token_ids = _eos_ids(target)
+        stop_token_ids = eos_ids(target)
     selector = selector or Selector(num_rows=len(prompts))
     capacity = max(len(p) for p in prompts) + max_new_tokens + K
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
@@ -124,7 +124,7 @@ def as_drafter(target: Target, draft, block_size: int | None):
     return Drafter(draft, target, block_size) if isinstance(draft, DFlashDraftModel) else draft
 
 
-def _eos_ids(target: Target) -> set[int]:
+def eos_ids(target: Target) -> set[int]:
     ids = set()
     for source in (getattr(target.model, "generation_config", None), target.config, target.tokenizer):
         eos = getattr(source, "eos_token_id", None) if source is not None else None

@@ -14,6 +14,7 @@ import secrets
 
 import torch
 
+from ..errors import InputError
 from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
 
 
@@ -38,7 +39,11 @@ class Selector:
             self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def _rows(self, row_ids: torch.Tensor) -> list[torch.Generator]:
-        return [self.generators[row] for row in row_ids.tolist()]
+        rows = row_ids.tolist()
+        if rows and max(rows) >= len(self.generators):
+            raise InputError(f"this Selector holds {len(self.generators)} row generators but the batch has row "
+                             f"{max(rows)}; build it with Selector(params, num_rows=len(prompts))")
+        return [self.generators[row] for row in rows]
 
     def first_token(self, logits: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
         """The token after the prompt from the target's logits [B, V] -> [B]."""
@@ -58,7 +63,9 @@ class Selector:
         if self.draft_argmax:
             proposals = draft_logits.argmax(dim=-1)
             q = torch.nn.functional.one_hot(proposals, draft_logits.shape[-1]).float()
-            logits_to_probs(draft_logits, self.params)  # still refuses NaN/inf draft logits
+            if not bool(torch.isfinite(draft_logits.amax(dim=-1)).all()):
+                raise InputError("the draft's logits contain NaN/inf; the draft checkpoint is broken, reload or "
+                                 "retrain it (the target alone, --baseline, is unaffected)")
             return proposals, q
         q = logits_to_probs(draft_logits, self.params)
         return sample(q, self._rows(row_ids)).to(anchors.device), q

@@ -39,14 +39,24 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
             while len(examples) >= shard_size:
                 write_shard(out / f"data-{shard:05d}.jsonl", examples[:shard_size])
                 examples, shard = examples[shard_size:], shard + 1
+                # Keep meta.json current: a run stopped early still leaves a described, usable folder.
+                _write_meta(out, target, sets, count, skipped, tokens, shard * shard_size, max_prompt_tokens,
+                            max_new_tokens, seed, complete=False)
             progress.update(task, advance=len(batch), tok=tokens)
     if examples:
         write_shard(out / f"data-{shard:05d}.jsonl", examples)
+    written = shard * shard_size + len(examples)
+    return _write_meta(out, target, sets, count, skipped, tokens, written, max_prompt_tokens, max_new_tokens, seed,
+                       complete=True)
+
+
+def _write_meta(out, target, sets, count, skipped, tokens, examples, max_prompt_tokens, max_new_tokens, seed,
+                complete: bool) -> dict:
     meta = {
-        "target": target.name, "sets": list(sets), "prompts_requested": count, "examples": len(chosen) - skipped["empty_response"],
-        "response_tokens": tokens, "skipped": skipped, "decoding": "greedy (the target's own argmax)",
-        "chat_template": "target tokenizer's, add_generation_prompt=True", "max_prompt_tokens": max_prompt_tokens,
-        "max_new_tokens": max_new_tokens, "seed": seed,
+        "target": target.name, "sets": list(sets), "prompts_requested": count, "examples": examples,
+        "response_tokens": tokens, "skipped": skipped, "complete": complete,
+        "decoding": "greedy (the target's own argmax)", "chat_template": "target tokenizer's, add_generation_prompt=True",
+        "max_prompt_tokens": max_prompt_tokens, "max_new_tokens": max_new_tokens, "seed": seed,
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta

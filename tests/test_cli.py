@@ -1,0 +1,81 @@
+"""The command line end to end on a tiny target saved as an HF folder: generate, compare, inspect, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blockdraft.cli import main
+from blockdraft.io.checkpoint import write_checkpoint
+
+from conftest import char_tokenizer, tiny_draft, tiny_target
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    target = tiny_target("llama")
+    target.model.save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    draft = tiny_draft(target, layers=1, block_size=8)
+    write_checkpoint(root / "draft", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
+    return str(root / "target"), str(root / "draft")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_compare_reports_identical_outputs_and_speedup(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32",
+                       "--max-new-tokens", "12", "--compare")
+    assert code == 0, out
+    assert "[target alone]" in out and "[speculative]" in out
+    assert "speedup" in out and "identical" in out and "K=8" in out and "float32" in out
+
+
+def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "hi", "--target", target, "--draft", draft, "--dtype", "float32",
+                       "--max-new-tokens", "6", "--block-size", "4")
+    assert code == 0
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("[speculative]") and "tok/s" in last and "tau" in last and "K=4" in last
+
+
+def test_inspect_prints_the_config_and_validates(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "inspect", draft, "--target", target)
+    assert code == 0
+    config = json.loads(out[: out.index("\n}\n") + 2])
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
+    assert "ok: the checkpoint matches" in out
+
+
+@pytest.mark.parametrize(
+    "extra, word",
+    [
+        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--dtype", "float12"], "dtype"),
+        (["--block-size", "99"], "block_size"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "1.5"], "top_p"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_parameter(folders, capsys, extra, word):
+    target, draft = folders
+    code, _, err = run(capsys, "generate", "hi", "--target", target, "--draft", draft, *extra)
+    assert code == 2 and word in err, err
+
+
+def test_a_draft_for_another_target_is_refused(folders, capsys, tmp_path):
+    target, _ = folders
+    other = tiny_target("llama", layers=8)
+    draft = tiny_draft(other, layers=1, block_size=8)
+    write_checkpoint(tmp_path / "d", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
+    code, _, err = run(capsys, "generate", "hi", "--target", target, "--draft", str(tmp_path / "d"))
+    assert code == 2 and "num_target_layers" in err, err
