@@ -166,6 +166,33 @@ def test_micro_batches_give_the_update_of_one_batch(tmp_path):
     assert_same_update(whole, split, "micro-batches must share the step's normaliser W")
 
 
+def counting_target() -> tuple[Target, list[int]]:
+    """A tiny target whose forward records how many sequences each call runs."""
+    target, rows = tiny_target("llama"), []
+    forward = target.forward
+
+    def counted(tokens, *args, **kwargs):
+        rows.append(tokens.shape[0])
+        return forward(tokens, *args, **kwargs)
+
+    target.forward = counted
+    return target, rows
+
+
+def test_feature_cache_runs_the_target_once_per_sequence_and_changes_nothing(tmp_path):
+    write_data(tmp_path / "data", count=10)
+    settings = dict(epochs=3, lr=1e-4, clip=1e9, val_fraction=0.2, eval_every=2, micro_batch_size=2)
+    plain_target, plain_rows = counting_target()
+    plain = train(plain_target, config(tmp_path, "plain", **settings)).parent
+    cached_target, cached_rows = counting_target()
+    cached = train(cached_target, config(tmp_path, "cached", cache_features=True, **settings)).parent
+    assert_same_update(plain, cached, "cached features must be the features a fresh forward gives")
+    assert sum(cached_rows) == 10, f"each of the 10 sequences runs through the target once, got {sum(cached_rows)}"
+    assert sum(plain_rows) > 3 * 8, "without the cache every epoch (and every evaluation) runs the target again"
+    assert [json.loads(l) for l in open(plain / "metrics.jsonl")][-1]["loss"] == pytest.approx(
+        [json.loads(l) for l in open(cached / "metrics.jsonl")][-1]["loss"], rel=1e-5)
+
+
 def test_steps_without_anchors_are_skipped(tmp_path):
     write_data(tmp_path / "data", count=4, empty=(0, 1, 2, 3))
     train(tiny_target("llama"), config(tmp_path, max_steps=2, log_every=1))

@@ -25,6 +25,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mask-token-id", type=int, default=None)
     parser.add_argument("--target-layer-ids", default=None, help="comma-separated ids (default: the spread rule)")
     parser.add_argument("--init-from", default=None, help="start from this draft folder")
+    parser.add_argument("--cache-features", action="store_true",
+                        help="keep every sequence's target features in memory: the target runs once per sequence "
+                             "instead of once per epoch (L*D values a token)")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="bfloat16", help="dtype of the frozen target")
@@ -41,7 +44,7 @@ def run(args) -> int:
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.max_steps,
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
         mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
-        cpu_autocast=args.cpu_autocast,
+        cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
     )
     target = load_target(args.target, dtype=parse_dtype(args.target_dtype), device=args.device)
     print(f"draft written to {train(target, cfg)}")

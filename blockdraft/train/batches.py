@@ -89,6 +89,8 @@ class MicroBatch:
     anchors: torch.Tensor  # [B, A]
     keep: torch.Tensor  # [B, A] bool
     blocks: Blocks  # labels and weights [B, A, K]
+    indices: list[int]  # the dataset index of each row (a dummy's row is its stand-in example)
+    lengths: list[int]  # real tokens per row, after truncation to max_seq_len
 
     @property
     def weight(self) -> float:
@@ -122,4 +124,4 @@ def make_micro_batch(examples: list[Example], indices: list[int] | None, *, step
     tokens, loss_mask = tokens.to(device), loss_mask.to(device)
     anchors, keep = torch.cat(anchors).to(device), torch.cat(keep).to(device)  # [B, A]
     blocks = block_targets(tokens, loss_mask, anchors, keep, block_size, gamma)
-    return MicroBatch(tokens, loss_mask, anchors, keep, blocks)
+    return MicroBatch(tokens, loss_mask, anchors, keep, blocks, list(rows), [len(s) for s in seqs])

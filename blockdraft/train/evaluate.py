@@ -58,20 +58,25 @@ class BlockMetrics:
 @torch.no_grad()
 def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples: list[Example], *, gamma: float,
                             max_seq_len: int, anchors_per_pass: int = 512,
-                            autocast_dtype: torch.dtype | None = None) -> BlockMetrics:
+                            autocast_dtype: torch.dtype | None = None, cache=None,
+                            indices: list[int] | None = None) -> BlockMetrics:
     """Block metrics of the draft over held-out examples, with an anchor at every position of C.
 
-    One target forward per example; its anchors run in passes of `anchors_per_pass` blocks.
+    One target forward per example (or none: a FeatureCache `cache` keyed by the examples' dataset
+    `indices`); its anchors run in passes of `anchors_per_pass` blocks.
     """
     target, K = forward.target, forward.draft.config.block_size
     metrics = BlockMetrics.zeros(K, target.device)
-    for example in examples:
+    for n, example in enumerate(examples):
         tokens = torch.tensor([example.input_ids[:max_seq_len]], device=target.device)  # [1, S]
         loss_mask = torch.tensor([example.loss_mask[:max_seq_len]], device=target.device)
         candidates = anchor_candidates(loss_mask)[0].nonzero()[:, 0]
         if candidates.numel() == 0:
             continue
-        features = target_features(target, tokens, forward.draft.config.target_layer_ids)
+        if cache is not None:
+            features = cache.features(tokens, [indices[n]], [tokens.shape[1]])
+        else:
+            features = target_features(target, tokens, forward.draft.config.target_layer_ids)
         for start in range(0, candidates.numel(), anchors_per_pass):
             anchors = candidates[start : start + anchors_per_pass][None]  # [1, A]
             keep = torch.ones_like(anchors, dtype=torch.bool)

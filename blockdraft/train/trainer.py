@@ -35,12 +35,13 @@ from .batches import epoch_batches, load_split, make_micro_batch, rank_micro_bat
 from .checkpointing import latest_checkpoint, load_training_state, read_training_state, save_training_state
 from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
+from .features import FeatureCache
 from .forward import BlockForward, autocast, freeze_target, head_weight, target_features
 from .objective import weighted_loss
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
 
 # Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
-OPERATIONAL_FIELDS = ("data_dir", "out_dir", "save_every", "eval_every", "log_every", "resume")
+OPERATIONAL_FIELDS = ("data_dir", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class TrainConfig:
     mask_token_id: int | None = None  # None: TRAINING.md §1's order (tokenizer mask, spare row, unused special)
     target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
     resume: bool = True  # continue out_dir/checkpoint if present
+    cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out_dir", "init_from"):
@@ -167,6 +169,7 @@ class Run:
     grad_norm: float = 0.0
     skipped: int = 0
     batches: dict = field(default_factory=dict)
+    cache: FeatureCache | None = None
 
     @property
     def device(self) -> torch.device:
@@ -226,6 +229,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
         device_ids = [target.device.index] if target.device.type == "cuda" else None
         run.model = torch.nn.parallel.DistributedDataParallel(forward, device_ids=device_ids)
     run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
+    if cfg.cache_features:
+        run.cache = FeatureCache(target, draft_cfg.target_layer_ids)
     log = None
     if ranks.rank == 0:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -328,7 +333,7 @@ def _step(run: Run) -> None:
         for i, mb in enumerate(micro):
             sync = i == len(micro) - 1 or ranks.world == 1
             with nullcontext() if sync else run.model.no_sync():
-                features = target_features(run.target, mb.tokens, run.draft_cfg.target_layer_ids)
+                features = _features(run, mb)
                 with autocast(run.device, run.autocast_dtype):
                     hidden = run.model(mb.tokens, mb.anchors, mb.keep, features)
                     total, hits = weighted_loss(hidden, run.head, mb.blocks)
@@ -346,6 +351,13 @@ def _step(run: Run) -> None:
     run.position += 1
     if run.position == len(run.batches_of(run.epoch)):
         run.epoch, run.position = run.epoch + 1, 0
+
+
+def _features(run: Run, mb) -> torch.Tensor:
+    """The micro-batch's tapped target features [B, S, L*D]: from the cache when it is on."""
+    if run.cache is not None:
+        return run.cache.features(mb.tokens, mb.indices, mb.lengths)
+    return target_features(run.target, mb.tokens, run.draft_cfg.target_layer_ids)
 
 
 def _after_step(run: Run, log: MetricsLog | None) -> None:
@@ -377,10 +389,11 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
 
 def _evaluate(run: Run) -> dict:
     """Teacher-forced held-out metrics; ranks split the held-out examples and pool the sums."""
-    mine = [run.examples[i] for i in run.val_indices[run.ranks.rank :: run.ranks.world]]
-    metrics = evaluate_teacher_forced(run.forward, run.head, mine, gamma=run.cfg.loss_gamma,
-                                      max_seq_len=run.max_len,
-                                      anchors_per_pass=run.cfg.anchors, autocast_dtype=run.autocast_dtype)
+    indices = run.val_indices[run.ranks.rank :: run.ranks.world]
+    metrics = evaluate_teacher_forced(run.forward, run.head, [run.examples[i] for i in indices],
+                                      gamma=run.cfg.loss_gamma, max_seq_len=run.max_len,
+                                      anchors_per_pass=run.cfg.anchors, autocast_dtype=run.autocast_dtype,
+                                      cache=run.cache, indices=indices)
     summary = BlockMetrics(metrics.block_size, run.ranks.sum(metrics.sums)).summary()
     return {k: summary[k] for k in ("loss", "acc", "tf_tau")}
 

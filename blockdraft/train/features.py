@@ -1,0 +1,51 @@
+"""Tapped target features kept in memory for the whole run (TRAINING.md §7, "offline feature caching").
+
+The target is frozen, so every epoch recomputes the very same features F = hidden_states[l+1] of every
+sequence. With the cache the target runs once per sequence per run (per process: a resumed run refills
+it lazily); later epochs cost only the draft. Values are those of the first forward that saw the
+sequence, stored in the target's dtype, unpadded.
+
+Memory: L·D values per token (SmolLM2, L=2, bf16: 2.3 KB a token, 1 GB for ~450k tokens);
+`FeatureCache.nbytes` reports it.
+
+Shapes: B sequences, S padded length, L tapped layers, D hidden.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.target import Target
+from .forward import target_features
+
+
+class FeatureCache:
+    """Dataset index -> features [S_i, L*D] of that sequence (truncated to the run's max length)."""
+
+    def __init__(self, target: Target, tap_layer_ids) -> None:
+        self.target = target
+        self.tap_layer_ids = tuple(tap_layer_ids)
+        self.store: dict[int, torch.Tensor] = {}
+        self.forwards = 0  # target forwards run (one per batch of unseen sequences)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.store.values())
+
+    def features(self, tokens: torch.Tensor, indices: list[int], lengths: list[int]) -> torch.Tensor:
+        """Features [B, S, L*D] for tokens [B, S] (right-padded; row b is dataset index indices[b], of
+        lengths[b] real tokens). Unseen rows go through one target forward; padding rows get zeros, which
+        no block can see (padding follows every anchor)."""
+        missing = [b for b, i in enumerate(indices) if i not in self.store]
+        if missing:
+            width = max(lengths[b] for b in missing)
+            fresh = target_features(self.target, tokens[missing, :width], self.tap_layer_ids)  # [M, W, L*D]
+            self.forwards += 1
+            for row, b in enumerate(missing):
+                self.store[indices[b]] = fresh[row, : lengths[b]].clone()
+        B, S = tokens.shape
+        first = self.store[indices[0]]
+        out = first.new_zeros(B, S, first.shape[-1])
+        for b, i in enumerate(indices):
+            out[b, : lengths[b]] = self.store[i]
+        return out
