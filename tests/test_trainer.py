@@ -307,7 +307,10 @@ def test_evaluate_online_pools_tau(tmp_path):
 
     prompts = heldout_prompts(read_examples(tmp_path / "data"))
     assert len(prompts) == 5 and all(p[0] == 1 for p in prompts)
-    stats = evaluate_online(target, draft, prompts, max_new_tokens=12, block_size=4, batch_size=2)
+    done = []
+    stats = evaluate_online(target, draft, prompts, max_new_tokens=12, block_size=4, batch_size=2,
+                            on_batch=done.append)
+    assert done == [2, 2, 1], "progress reports each batch's prompt count"
     assert stats.block_size == 4 and len(stats.histogram) == 4
     alone = generate(target, draft, prompts, max_new_tokens=12, block_size=4)
     assert stats.steps == sum(r.stats.steps for r in alone) and stats.tokens == sum(r.stats.tokens for r in alone)

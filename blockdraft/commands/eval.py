@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..api import encode, load_draft
@@ -35,14 +36,19 @@ def run(args) -> int:
     for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):
         table.add_column(column)
     results = {}
-    for name, prompts in sets.items():
-        ids = [encode(target, list(p.messages)) for p in prompts]
-        stats = evaluate_online(target, draft, ids, args.max_new_tokens, K, batch_size=args.batch_size)
-        results[name] = stats.as_dict()
+    columns = [TextColumn("[bold]eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        for name, prompts in sets.items():
+            ids = [encode(target, list(p.messages)) for p in prompts]
+            task = progress.add_task(name, total=len(ids))
+            stats = evaluate_online(target, draft, ids, args.max_new_tokens, K, batch_size=args.batch_size,
+                                    on_batch=lambda n, task=task: progress.advance(task, n))
+            results[name] = stats
+    for name, stats in results.items():
         rates = " ".join(f"{r:.2f}" for r in stats.per_position_acceptance())
-        table.add_row(name, str(len(ids)), f"{stats.mean_tau:.3f}", str(stats.histogram), rates)
+        table.add_row(name, str(len(sets[name])), f"{stats.mean_tau:.3f}", str(stats.histogram), rates)
     Console().print(table)
     record = {"block_size": K, "max_new_tokens": args.max_new_tokens, "chat_template": True, "thinking": False,
-              "hardware": describe(args.device, dtype), "results": results}
+              "hardware": describe(args.device, dtype), "results": {k: v.as_dict() for k, v in results.items()}}
     print(json.dumps(record))
     return 0

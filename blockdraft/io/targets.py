@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -110,6 +111,21 @@ def _write_copy(gguf: Path, folder: Path, digest: str) -> None:
     os.replace(tmp, folder)  # atomic: a killed conversion leaves only the .partial folder
 
 
+@contextmanager
+def _quiet_if_local(source: str):
+    """No per-tensor progress bar for a local folder (it loads in under a second); downloads keep theirs."""
+    from transformers.utils import logging as hf_logging
+
+    if not Path(source).is_dir() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def load_target(name: str | None = None, *, dtype="bfloat16", device="cpu", trust_remote_code=False) -> Target:
     """Load a target by name: None or 'smollm2-135m-instruct' (embedded), a local HF folder, or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,8 +133,9 @@ def load_target(name: str | None = None, *, dtype="bfloat16", device="cpu", trus
     torch_dtype = parse_dtype(dtype)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        with _quiet_if_local(source):
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     except OSError as error:
         raise ConfigError(
             f"could not load target {name!r}: {error}; pass a local Hugging Face folder, a reachable hub id, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -100,7 +101,8 @@ def heldout_prompts(examples: list[Example]) -> list[list[int]]:
 
 
 def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tokens: int,
-                    block_size: int | None = None, *, batch_size: int = 8) -> AcceptanceStats:
+                    block_size: int | None = None, *, batch_size: int = 8,
+                    on_batch: Callable[[int], None] | None = None) -> AcceptanceStats:
     """Greedy speculative decoding over held-out prompts; pooled tau, its 1..K histogram, per-position acceptance.
 
     Prompts run `batch_size` at a time. `seconds` is the total wall time; `new_tokens` counts returned tokens.
@@ -112,6 +114,8 @@ def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tok
         chunk = prompt_ids_list[first : first + batch_size]
         for result in generate(target, draft, chunk, max_new_tokens=max_new_tokens, block_size=K):
             stats = stats.merge(result.stats)
+        if on_batch is not None:
+            on_batch(len(chunk))  # progress: prompts done
     # Each row's stats carry the wall time of its whole batch; summing them would count a batch many times.
     stats.seconds = time.perf_counter() - start
     return stats
