@@ -102,7 +102,7 @@ def encode(target: Target, prompt, chat: bool = True) -> list[int]:
 
 def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, *, max_new_tokens: int = 256,
              block_size: int | None = None, chat: bool = True, stop_token_ids=None,
-             sampling: SamplingParams | None = None, draft_argmax: bool = False):
+             sampling: SamplingParams | None = None, draft_argmax: bool = False, adaptive: bool = False):
     """Generate for one prompt -> Completion, or for a list of prompts -> list[Completion], decoded as one batch.
 
     A prompt is text, chat messages or token ids (see `encode`); prompts of different lengths batch together.
@@ -111,6 +111,9 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     call is reproducible and prompt i gives the same tokens alone with seed `seed + i` as in the batch (up to
     float rounding between batch shapes). `draft_argmax` proposes the draft's argmax instead of sampling it;
     still exact, and greedy decoding ignores it. `stop_token_ids` None stops at the target's end-of-sequence ids.
+    `adaptive` verifies, at each step, the number of proposals that currently pays best (none when the draft
+    keeps missing): same output, never much slower than the target alone. With sampling it makes a seed's
+    sample depend on timing (still exactly distributed); leave it off where a seed must reproduce the text.
     """
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise InputError(f"`sampling` must be a SamplingParams or None, got {type(sampling).__name__}; "
@@ -120,7 +123,7 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     ids = [encode(target, p, chat) for p in prompts]
     selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
     results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
-                           stop_token_ids=stop_token_ids, selector=selector)
+                           stop_token_ids=stop_token_ids, selector=selector, adaptive=adaptive)
     done = [_completion(target, r) for r in results]
     return done[0] if single else done
 

@@ -4,7 +4,10 @@ Convention: one verify step of one row commits `a + 1` tokens, the `a` accepted 
 target's own token (the bonus, or the replacement at the first rejection). tau = a + 1 lies in [1, K], and
 mean tau counts the bonus. Pooled mean tau = committed tokens / verify steps over all rows and prompts;
 it is the headline number. Per-position acceptance at slot k (1..K-1) = P(proposal k accepted | the step
-got to propose k), i.e. steps with tau > k over steps whose block had slot k.
+got to propose k), i.e. steps with tau > k over steps that reached slot k (tau >= k) with a block that had it.
+
+A step may verify fewer than K slots (an adaptive width; width 1 is a plain target step that proposes
+nothing): tau still counts its tokens, the histogram its tau, and `plain_steps` how many proposed nothing.
 """
 
 from __future__ import annotations
@@ -19,24 +22,38 @@ class AcceptanceStats:
     tokens: int = 0  # committed tokens counted toward tau (bonus included)
     seconds: float = 0.0  # wall time of the decode, prefill included
     new_tokens: int = 0  # tokens returned to the caller (after stop/budget truncation)
+    slot_reached: list[int] = field(default_factory=list)  # [K-1]: steps that reached slot k = 1..K-1
+    slot_accepted: list[int] = field(default_factory=list)  # [K-1]: steps that accepted slot k
+    plain_steps: int = 0  # steps of width 1: no proposal, the target's own step
 
     def __post_init__(self) -> None:
         if not self.histogram:
             self.histogram = [0] * self.block_size
+        if not self.slot_reached:
+            self.slot_reached = [0] * (self.block_size - 1)
+            self.slot_accepted = [0] * (self.block_size - 1)
 
-    def record(self, tau: int) -> None:
-        """Count one verify step of one row that committed `tau` tokens."""
+    def record(self, tau: int, width: int | None = None) -> None:
+        """Count one verify step of one row that committed `tau` tokens from a block of `width` slots
+        (anchor included; None: the full block)."""
+        width = self.block_size if width is None else width
         self.histogram[tau - 1] += 1
         self.tokens += tau
+        self.plain_steps += width == 1
+        for k in range(1, min(tau, width - 1) + 1):  # slots 1..min(tau, w-1) were reached
+            self.slot_reached[k - 1] += 1
+            self.slot_accepted[k - 1] += tau > k
 
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
         size = max(self.block_size, other.block_size)
-        hist = [0] * size
-        for source in (self.histogram, other.histogram):
-            for i, n in enumerate(source):
-                hist[i] += n
+        def add(a: list[int], b: list[int], n: int) -> list[int]:
+            return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
         return AcceptanceStats(
-            size, hist, self.tokens + other.tokens, self.seconds + other.seconds, self.new_tokens + other.new_tokens
+            size, add(self.histogram, other.histogram, size), self.tokens + other.tokens,
+            self.seconds + other.seconds, self.new_tokens + other.new_tokens,
+            add(self.slot_reached, other.slot_reached, size - 1), add(self.slot_accepted, other.slot_accepted, size - 1),
+            self.plain_steps + other.plain_steps,
         )
 
     @property
@@ -53,12 +70,7 @@ class AcceptanceStats:
 
     def per_position_acceptance(self) -> list[float]:
         """Acceptance rate of proposal slot k = 1..K-1, conditional on reaching it."""
-        rates = []
-        for k in range(1, self.block_size):
-            reached = sum(self.histogram[k - 1 :])  # steps with tau >= k reached slot k
-            accepted = sum(self.histogram[k:])  # steps with tau > k accepted it
-            rates.append(accepted / reached if reached else 0.0)
-        return rates
+        return [a / r if r else 0.0 for a, r in zip(self.slot_accepted, self.slot_reached)]
 
     def as_dict(self) -> dict:
         return {
@@ -67,6 +79,7 @@ class AcceptanceStats:
             "steps": self.steps,
             "tau_histogram": list(self.histogram),
             "per_position_acceptance": [round(r, 4) for r in self.per_position_acceptance()],
+            "plain_steps": self.plain_steps,
             "new_tokens": self.new_tokens,
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),

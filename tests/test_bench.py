@@ -116,7 +116,8 @@ def test_report_ends_stdout_with_one_json_line(bench_out):
     rc, stdout, out = bench_out
     assert rc == 0
     line = json.loads(stdout.rstrip("\n").splitlines()[-1])
-    assert set(line["methods"]) == {"ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft"}
+    assert set(line["methods"]) == {"ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft",
+                                   "blockdraft-adaptive"}
     assert (line["K"], line["N"], line["batch_size"], line["dtype"]) == (4, 4, 2, "float32")
     assert line["methods"]["blockdraft"]["mean_tau"] >= 1.0
 
@@ -124,7 +125,7 @@ def test_report_ends_stdout_with_one_json_line(bench_out):
 def test_report_writes_full_json_and_png(bench_out):
     _, _, out = bench_out
     document = json.loads((out / "bench.json").read_text())
-    assert len(document["rows"]) == 2 * 4, "one row per (batch, method)"
+    assert len(document["rows"]) == 2 * 5, "one row per (batch, method)"
     assert {"device", "torch", "transformers"} <= set(document["hardware"]) and document["date"]
     assert len(document["acceptance"]["blockdraft"]["tau_histogram"]) == 4
     # fp32 tiny targets have no near-ties: every greedy method must reproduce our baseline exactly.

@@ -88,12 +88,27 @@ def exact_joint(target: Target, prompt: list[int], params: SamplingParams, num_t
     return joint.numpy()
 
 
-def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False) -> np.ndarray:
+class CyclingWidth:
+    """A verify-width policy that cycles 1, 2, ..., K: every width, plain steps included, within a few steps."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size, self.calls = block_size, 0
+
+    def choose(self) -> int:
+        self.calls += 1
+        return 1 + (self.calls - 1) % self.block_size
+
+    def observe(self, width, num_accepted, seconds) -> None:
+        pass
+
+
+def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False,
+                   cycle_widths=False) -> np.ndarray:
     """Counts [V**n] of the first NUM_TOKENS tokens over num_rows rows of one prompt, one seed per row."""
     V = target.config.vocab_size
     selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax)
     results = generate(target, draft, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=block_size,
-                       stop_token_ids=[], selector=selector)
+                       stop_token_ids=[], selector=selector, adaptive=CyclingWidth(block_size) if cycle_widths else False)
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
     return np.bincount(cells, minlength=V**NUM_TOKENS)
@@ -127,13 +142,17 @@ SAMPLED_CASES = [
     # K = 2 commits d1 and then, when d1 is accepted, the bonus from p_(K-1) within the 3 tokens checked.
     pytest.param(dict(temperature=1.0, seed=50_000), 2, False, id="T1-K2"),
 ]
+# Verify widths changing from step to step (an adaptive policy's choices, plain steps included).
+CYCLED_CASE = pytest.param(dict(temperature=1.0, top_p=0.9, seed=60_000), 4, False, id="T1-topp0.9-widths-1234")
 
 
-@pytest.mark.parametrize("params, block_size, draft_argmax", SAMPLED_CASES)
-def test_speculative_sampling_matches_target_distribution(small_models, params, block_size, draft_argmax):
+@pytest.mark.parametrize("params, block_size, draft_argmax", SAMPLED_CASES + [CYCLED_CASE])
+def test_speculative_sampling_matches_target_distribution(small_models, params, block_size, draft_argmax, request):
     target, draft = small_models
     sampling = SamplingParams(**params)
-    counts = sampled_counts(target, draft, sampling, block_size=block_size, draft_argmax=draft_argmax)
+    cycle = "widths" in request.node.callspec.id
+    counts = sampled_counts(target, draft, sampling, block_size=block_size, draft_argmax=draft_argmax,
+                            cycle_widths=cycle)
     pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
     assert pvalue > ALPHA, f"speculative sampling is not distributed as the target's own (p = {pvalue:.2e})"
 

@@ -3,7 +3,8 @@
 - `ours-baseline`: the target alone through our decode loop (draft None, same code path as speculative).
 - `hf-generate`: transformers' greedy `generate` on the same target weights.
 - `hf-prompt-lookup`: transformers' prompt-lookup decoding (`prompt_lookup_num_tokens=10`); batch 1 only.
-- `blockdraft`: our DFlash speculative decoding.
+- `blockdraft`: our DFlash speculative decoding, every step verifying the full block.
+- `blockdraft-adaptive`: the same with adaptive verify widths (policy.py: down to plain steps when drafts miss).
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 
@@ -25,8 +26,8 @@ from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
-BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, REFERENCE = (
-    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "dflash-reference")
+BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, ADAPTIVE, REFERENCE = (
+    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-adaptive", "dflash-reference")
 
 
 @dataclass
@@ -39,14 +40,14 @@ class OursMethod:
     """Our decode loop; `draft=None` is the target-only baseline."""
 
     def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
-                 stop_token_ids: list[int]) -> None:
+                 stop_token_ids: list[int], adaptive: bool = False) -> None:
         self.name, self.target, self.draft = name, target, draft
         self.block_size = block_size if draft is not None else None
-        self.stop_token_ids = stop_token_ids
+        self.stop_token_ids, self.adaptive = stop_token_ids, adaptive
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
         results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
-                           block_size=self.block_size, stop_token_ids=self.stop_token_ids)
+                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.adaptive)
         return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
 
 
@@ -118,6 +119,7 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         HFMethod(HF_GENERATE, target, stop_token_ids),
         HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS),
         OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids),
+        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True),
     ]
     reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
     if reference is not None:

@@ -38,6 +38,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-chat-template", action="store_true", help="tokenise the prompt as plain text")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
+    parser.add_argument("--adaptive", choices=("auto", "on", "off"), default="auto",
+                        help="verify per step the number of proposals that pays best, down to none (same output, "
+                             "never much slower than the target alone); auto: on when greedy, off when sampling "
+                             "(so that a seed reproduces its text)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
@@ -67,7 +71,9 @@ def run(args) -> int:
     ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
     block = args.block_size or (draft.config.block_size if draft is not None else None)
     hardware = describe_line(args.device, dtype)
-    decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax)
+    adaptive = args.adaptive == "on" or (args.adaptive == "auto" and sampling.greedy)
+    decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax,
+                  adaptive=adaptive)
     single = len(ids) == 1
     if not sampling.greedy:
         rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
@@ -91,7 +97,8 @@ def run(args) -> int:
         else:
             # A K-token verify and a one-token step round differently in 16-bit floats, so near-tie argmaxes can flip.
             same = f"differ ({dtype_name(dtype)} rounding of near-ties; --dtype float32 compares bit-exactly)"
-        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}, {spec.new_tokens} new tokens, {hardware})")
+        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{', adaptive' if adaptive else ''}, "
+              f"{spec.new_tokens} new tokens, {hardware})")
         return 1 if sampling.greedy and exact and spec_tokens != base_tokens else 0
     tokens, rows, stats = _run(target, draft, ids, block, echo=single, **decode)
     if not single:
@@ -151,7 +158,7 @@ def _warm_up(target, draft, ids, block) -> None:
             pass
 
 
-def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, echo: bool = False):
+def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, echo: bool = False):
     """Decode all prompts as one batch -> (tokens per row, stats per row, batch stats).
 
     The batch stats pool every row's tau and divide all new tokens by the one wall time: batch throughput.
@@ -163,7 +170,7 @@ def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, e
     selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
     start = time.perf_counter()
     for event in stream(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block, selector=selector,
-                        stats=stats):
+                        stats=stats, adaptive=adaptive):
         tokens[event.row].extend(event.tokens)
         if text is not None:
             sys.stdout.write(text.push(event.tokens))
@@ -199,4 +206,7 @@ def _summary(label: str, stats: AcceptanceStats, block, hardware: str, rows: int
     line = f"[{label}]{batch} {stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s"
     if block:
         line += f", tau {stats.mean_tau:.2f} (K={block}, histogram {stats.histogram})"
+        if stats.plain_steps:
+            drafted = stats.steps - stats.plain_steps
+            line += f", adaptive: {stats.plain_steps} of {stats.steps} steps plain, {drafted} drafted"
     return f"{line} | {hardware}"

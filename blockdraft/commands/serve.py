@@ -20,6 +20,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=os.environ.get("BLOCKDRAFT_API_KEY"),
                         help="require `Authorization: Bearer KEY` on /v1 routes (default: $BLOCKDRAFT_API_KEY)")
+    parser.add_argument("--fixed-block", action="store_true",
+                        help="verify the full block at every step (default: greedy requests adapt the number of "
+                             "proposals verified, down to none when drafts miss; sampled requests never adapt)")
     parser.add_argument("--max-batch", type=int, default=8, help="most requests decoded together in one batch")
     parser.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
 
@@ -47,7 +50,7 @@ def run(args) -> int:
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
     app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
-                     max_tokens_limit=args.max_tokens_limit)
+                     max_tokens_limit=args.max_tokens_limit, adaptive=not args.fixed_block)
     mode = "target alone" if draft is None else f"speculative, K={draft.config.block_size}"
     console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1")
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

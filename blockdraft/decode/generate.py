@@ -18,6 +18,7 @@ from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .drafter import Drafter
+from .policy import make_policy
 from .selection import Selector
 from .state import DecodeState
 from .step import prefill, step
@@ -72,10 +73,13 @@ def stream(
     stop_token_ids=None,
     selector: Selector | None = None,
     stats: list[AcceptanceStats] | None = None,
+    adaptive: bool = False,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
 
-    `stats`, when given, receives one AcceptanceStats per prompt (filled in place).
+    `stats`, when given, receives one AcceptanceStats per prompt (filled in place). `adaptive` lets each
+    step verify the number of proposals that currently pays best, down to none (policy.py): the output is
+    unchanged, the speed never far below the target alone's.
     """
     drafter = as_drafter(target, draft, block_size)
     K = drafter.block_size if drafter else 1
@@ -88,9 +92,10 @@ def stream(
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:
         drafter.start(len(prompts), capacity)
+    policy = make_policy(K, adaptive) if drafter is not None else None
     run = prefill
     while state.batch:
-        for row, tokens in run(state, target, drafter, selector, stats):
+        for row, tokens in run(state, target, drafter, selector, stats, policy):
             yield StreamEvent(row, tokens, state.results[row].finish_reason)
         run = step
         live = state.live_rows()
@@ -101,7 +106,8 @@ def stream(
                 drafter.keep_rows(live)
 
 
-def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None):
+def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None,
+             adaptive=False):
     """Decode every prompt to completion; one GenerationResult per prompt, in order."""
     drafter = as_drafter(target, draft, block_size)
     stats = [AcceptanceStats(drafter.block_size if drafter else 1) for _ in prompts]
@@ -109,7 +115,7 @@ def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, sto
     reasons: list[str] = ["length"] * len(prompts)
     start = time.perf_counter()
     for event in stream(target, drafter, prompts, max_new_tokens=max_new_tokens,
-                        stop_token_ids=stop_token_ids, selector=selector, stats=stats):
+                        stop_token_ids=stop_token_ids, selector=selector, stats=stats, adaptive=adaptive):
         tokens[event.row].extend(event.tokens)
         if event.finish_reason is not None:
             reasons[event.row] = event.finish_reason

@@ -46,8 +46,11 @@ class DecodeState:
         positions = self.lengths - 1
         return self.tokens.gather(1, positions[:, None])[:, 0], positions
 
-    def commit(self, candidates: torch.Tensor, counts: torch.Tensor, stats: list[AcceptanceStats] | None):
+    def commit(self, candidates: torch.Tensor, counts: torch.Tensor, stats: list[AcceptanceStats] | None,
+               width: int | None = None):
         """Append the first counts[b] of candidates [B, C] to each row; returns [(row_id, new_tokens)].
+
+        `width` is the verify width of the step (None: the prefill, not counted in tau).
 
         Tokens past a stop token or past the row's budget are computed but not returned, and end the row.
         Lengths advance by the full count: the row is finished then, so its state is never read again.
@@ -61,7 +64,7 @@ class DecodeState:
         for b, (row, n, new) in enumerate(zip(self.row_ids.tolist(), counts.tolist(), candidates.tolist())):
             result = self.results[row]
             if stats is not None:
-                stats[row].record(n)
+                stats[row].record(n, width)
             new = new[: min(n, self.max_new_tokens - len(result.tokens))]
             for i, token in enumerate(new):
                 if token in self.stop_ids:

@@ -5,6 +5,8 @@ Shapes: B live rows, K block size, V vocabulary, L*D tapped feature width.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..model.target import Target
@@ -13,7 +15,7 @@ from .selection import Selector
 from .state import DecodeState
 
 
-def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats):
+def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats, policy=None):
     """Run the prompts through the target, pick each row's first new token (the first anchor)."""
     width = int(state.prompt_lengths.max())
     ids = state.tokens[:, :width]  # [B, P] right-padded prompts
@@ -27,15 +29,24 @@ def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selecto
     return state.commit(first[:, None], torch.ones_like(first), None)
 
 
-def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats):
-    """Draft, verify, accept, roll back; returns [(row_id, new_tokens)] for the caller to stream."""
-    anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
+def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats,
+         policy=None):
+    """Draft, verify, accept, roll back; returns [(row_id, new_tokens)] for the caller to stream.
 
-    # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block.
+    `policy` (see policy.py) picks the verify width w <= K of this step and is told how it went; without one
+    every step verifies the full block.
+    """
+    started = time.perf_counter()
+    anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
+    width = 1 if drafter is None else policy.choose() if policy is not None else drafter.block_size
+
+    # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block
+    #    (always all K slots, as trained; the step verifies the first w-1 proposals).
     if drafter is not None:
         drafter.append_context(state.pending, state.pending_counts)
-        draft_logits = drafter.propose(anchors, s)  # [B, K-1, V]
-    else:  # target alone: an empty block, the same path as the exactness oracle
+    if width > 1:
+        draft_logits = drafter.propose(anchors, s)[:, : width - 1]  # [B, w-1, V]
+    else:  # target alone, or a plain step: an empty block, the same path as the exactness oracle
         draft_logits = None
     proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids)  # [B, K-1], [B, K-1, V]
 
@@ -51,7 +62,9 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     num_accepted, target_token = selector.accept(out.logits, draft_probs, proposals, state.row_ids)  # [B], [B]
     committed = torch.cat([proposals, target_token[:, None]], dim=1)  # [B, K]
     committed.scatter_(1, num_accepted[:, None], target_token[:, None])  # slot a holds the target's token
-    events = state.commit(committed, num_accepted + 1, stats)
+    events = state.commit(committed, num_accepted + 1, stats, width)
+    if policy is not None and drafter is not None:
+        policy.observe(width, num_accepted.tolist(), time.perf_counter() - started)  # commit has synced
 
     # 4. Roll back: the target keeps x[s] and the accepted proposals; the new anchor is not cached yet.
     state.target_cache.crop_to(s + num_accepted + 1)

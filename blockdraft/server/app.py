@@ -37,10 +37,14 @@ PYTHON_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-aft
 
 
 def create_app(target, draft, *, model_id: str | None = None, api_key: str | None = None, max_batch: int = 8,
-               max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20) -> FastAPI:
-    """The server app for one target (and draft, or None for the target alone); the worker runs in its lifespan."""
+               max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20, adaptive: bool = True) -> FastAPI:
+    """The server app for one target (and draft, or None for the target alone); the worker runs in its lifespan.
+
+    `adaptive` lets greedy batches verify the number of proposals that pays best (sampled batches always
+    verify the full block, so that a request's seed reproduces its text).
+    """
     service = Service(target, draft, model_id=model_id, api_key=api_key, max_batch=max_batch,
-                      max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
+                      max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes, adaptive=adaptive)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -66,7 +70,8 @@ def create_app(target, draft, *, model_id: str | None = None, api_key: str | Non
 class Service:
     """The route handlers, over one target, its worker and the server's limits."""
 
-    def __init__(self, target, draft, *, model_id, api_key, max_batch, max_tokens_limit, max_body_bytes) -> None:
+    def __init__(self, target, draft, *, model_id, api_key, max_batch, max_tokens_limit, max_body_bytes,
+                 adaptive=True) -> None:
         if target.tokenizer is None:
             raise ConfigError("the server needs the target's tokenizer to read prompts and write text, and the "
                               "target has none; load it with blockdraft.load_target, which loads both")
@@ -78,7 +83,7 @@ class Service:
         self.api_key = api_key
         self.max_tokens_limit = max_tokens_limit
         self.max_body_bytes = max_body_bytes
-        self.worker = Worker(target, draft, max_batch=max_batch)
+        self.worker = Worker(target, draft, max_batch=max_batch, adaptive=adaptive)
         self.started = int(time.time())
 
     async def authorize(self, request: Request) -> None:

@@ -99,11 +99,12 @@ class Job:
 
 
 class Worker:
-    def __init__(self, target, draft, *, max_batch: int) -> None:
+    def __init__(self, target, draft, *, max_batch: int, adaptive: bool = True) -> None:
         self.target = target
         self.drafter = as_drafter(target, draft, None)  # built once, restarted by every `stream` call
         self.block_size = self.drafter.block_size if self.drafter is not None else 1
         self.max_batch = max_batch
+        self.adaptive = adaptive  # greedy batches only: a sampled request's seed must reproduce its text
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
         self._pending: deque[Job] = deque()
         self._ready = threading.Condition()
@@ -187,7 +188,8 @@ class Worker:
         group = batch[0].group
         selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch])
         events = stream(self.target, self.drafter, [job.prompt for job in batch],
-                        max_new_tokens=max(job.max_tokens for job in batch), selector=selector, stats=stats)
+                        max_new_tokens=max(job.max_tokens for job in batch), selector=selector, stats=stats,
+                        adaptive=self.adaptive and group.greedy)
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:
                 batch[event.row].deliver(event.tokens, event.finish_reason)

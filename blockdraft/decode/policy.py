@@ -1,0 +1,112 @@
+"""How many draft proposals each step verifies: a fixed block, or the width that pays best right now.
+
+A step of width w verifies the anchor plus w-1 proposals in one target forward (w = 1: no proposal, a
+plain target step; the draft still takes in the new context so that it can resume at any step). Any
+width keeps the output exact: greedy output is the target's own, and rejection sampling is exact at every
+width. Only speed depends on the choice.
+
+`AdaptiveWidth` picks w to maximise expected committed tokens per second:
+
+    E(w) = 1 + sum_{j=1}^{w-1} prod_{i=1}^{j} alpha_i        (alpha_i: acceptance of slot i, given slot i-1)
+    w*   = argmax_w E(w) / t(w)                              (t(w): measured seconds of a step of width w)
+
+alpha_i are decayed counts pooled over rows (a Beta prior centred on the previous slot's estimate keeps
+rarely reached slots from looking good by default); t(w) is an exponential average of measured step times.
+With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it
+re-measures every other width every `explore_every` steps so it notices when drafting pays again.
+
+With sampling, widths chosen from wall-clock times make a seeded sample depend on timing (the output is still
+distributed exactly as the target's); use a fixed width where a seed must reproduce the same text.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class FixedWidth:
+    """Always the full block."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+
+    def choose(self) -> int:
+        return self.block_size
+
+    def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
+        pass
+
+
+def expected_tokens(alpha: torch.Tensor) -> torch.Tensor:
+    """E(w) for w = 1..K from slot acceptances alpha [K-1]: [K] float64, E(1) = 1."""
+    reach = torch.cumprod(alpha.double(), 0)  # P(slots 1..j all accepted)
+    return torch.cat([torch.ones(1, dtype=torch.float64), 1 + torch.cumsum(reach, 0)])
+
+
+def candidate_widths(block_size: int) -> list[int]:
+    """1, the powers of two below K, and K: few enough to measure each one quickly."""
+    widths, w = {1, block_size}, 2
+    while w < block_size:
+        widths.add(w)
+        w *= 2
+    return sorted(widths)
+
+
+class AdaptiveWidth:
+    """The width with the most expected tokens per second, from measured acceptance and step times."""
+
+    def __init__(self, block_size: int, *, decay: float = 0.97, time_smoothing: float = 0.3,
+                 explore_every: int = 32, prior_strength: float = 2.0) -> None:
+        self.block_size = block_size
+        self.widths = candidate_widths(block_size)
+        self.decay, self.time_smoothing = decay, time_smoothing
+        self.explore_every, self.prior_strength = explore_every, prior_strength
+        self.reached = torch.zeros(block_size - 1, dtype=torch.float64)  # decayed counts per slot 1..K-1
+        self.accepted = torch.zeros(block_size - 1, dtype=torch.float64)
+        self.seconds: dict[int, float] = {}  # width -> smoothed step time
+        self.last_measured: dict[int, int] = {}  # width -> step of its last measurement
+        self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
+        self.steps = 0
+
+    def alpha(self) -> torch.Tensor:
+        """Posterior mean acceptance of slots 1..K-1 [K-1]; each slot's prior mean is the previous slot's."""
+        out, prior = torch.empty_like(self.reached), 0.5
+        for i in range(self.block_size - 1):
+            mean = (self.accepted[i] + self.prior_strength * prior) / (self.reached[i] + self.prior_strength)
+            out[i] = prior = float(mean)
+        return out
+
+    def choose(self) -> int:
+        unsettled = [w for w in self.widths if self.measurements.get(w, 0) < 2]
+        if unsettled:  # time every width twice first, round robin
+            return min(unsettled, key=lambda w: (self.measurements.get(w, 0), w))
+        stale = min(self.widths, key=lambda w: self.last_measured[w])
+        if self.steps - self.last_measured[stale] >= self.explore_every:
+            return stale  # re-measure: machines drift and batches shrink
+        gain = expected_tokens(self.alpha())
+        return max(self.widths, key=lambda w: float(gain[w - 1]) / self.seconds[w])
+
+    def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
+        """One step of `width` took `seconds`; row r accepted num_accepted[r] of its width-1 proposals."""
+        self.steps += 1
+        # A width's first measurement may carry one-off start-up costs: its second replaces it outright.
+        count = self.measurements.get(width, 0)
+        s = self.time_smoothing
+        self.seconds[width] = seconds if count < 2 else (1 - s) * self.seconds[width] + s * seconds
+        self.measurements[width] = count + 1
+        self.last_measured[width] = self.steps
+        if width == 1:
+            return  # nothing was proposed: acceptance counts stay as they were
+        self.reached *= self.decay
+        self.accepted *= self.decay
+        slots = torch.arange(1, width, dtype=torch.long)  # slots 1..w-1
+        for a in num_accepted:
+            self.reached[: width - 1] += (slots <= a + 1).double()  # slot k is reached when k-1 were accepted
+            self.accepted[: width - 1] += (slots <= a).double()
+
+
+def make_policy(block_size: int, adaptive):
+    """adaptive: True (AdaptiveWidth), False (the full block), or a policy object (choose/observe), used as is."""
+    if not isinstance(adaptive, bool):
+        return adaptive
+    return AdaptiveWidth(block_size) if adaptive and block_size > 1 else FixedWidth(block_size)

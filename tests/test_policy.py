@@ -1,0 +1,100 @@
+"""Verify widths per step: any width sequence keeps greedy output exact; the adaptive policy picks well."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.decode.generate import generate
+from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, candidate_widths, expected_tokens, make_policy
+from blockdraft.metrics import AcceptanceStats
+
+from conftest import ScriptedDrafter, tiny_draft, tiny_target
+from test_sampling_decode import CyclingWidth
+
+PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+
+
+def test_expected_tokens_and_candidates():
+    assert expected_tokens(torch.tensor([1.0, 1.0, 1.0])).tolist() == [1, 2, 3, 4]
+    assert expected_tokens(torch.tensor([0.5, 0.5])).tolist() == [1, 1.5, 1.75]
+    assert candidate_widths(8) == [1, 2, 4, 8] and candidate_widths(10) == [1, 2, 4, 8, 10]
+    assert candidate_widths(2) == [1, 2]
+    assert isinstance(make_policy(8, False), FixedWidth) and isinstance(make_policy(8, True), AdaptiveWidth)
+    custom = CyclingWidth(4)
+    assert make_policy(4, custom) is custom
+
+
+def test_stats_count_only_the_slots_a_step_had():
+    stats = AcceptanceStats(4)
+    stats.record(1, 1)  # a plain step: no slot reached
+    stats.record(3, 4)  # slots 1, 2 accepted, slot 3 reached and rejected
+    stats.record(2, 2)  # width 2: its one slot accepted, nothing beyond it reached
+    assert stats.plain_steps == 1 and stats.tokens == 6 and stats.histogram == [1, 1, 1, 0]
+    assert stats.slot_reached == [2, 1, 1] and stats.slot_accepted == [2, 1, 0]
+    assert stats.per_position_acceptance() == [1.0, 1.0, 0.0]
+    merged = stats.merge(stats)
+    assert merged.slot_reached == [4, 2, 2] and merged.plain_steps == 2
+
+
+def simulate(policy: AdaptiveWidth, steps: int, accept_rate, seconds) -> list[int]:
+    """Drive the policy with rows that accept each proposal with probability accept_rate(step)."""
+    generator = torch.Generator().manual_seed(0)
+    chosen = []
+    for i in range(steps):
+        width = policy.choose()
+        accepted = []
+        for _ in range(4):  # four rows
+            a = 0
+            while a < width - 1 and torch.rand((), generator=generator) < accept_rate(i):
+                a += 1
+            accepted.append(a)
+        policy.observe(width, accepted, seconds(width))
+        chosen.append(width)
+    return chosen
+
+
+def cpu_like_cost(width: int) -> float:
+    return 1.0 + (0.3 + 0.05 * width if width > 1 else 0.0)  # drafting has a fixed cost, verify grows with w
+
+
+def test_adaptive_falls_back_to_plain_steps_when_drafts_miss():
+    chosen = simulate(AdaptiveWidth(8), 400, lambda i: 0.05, cpu_like_cost)
+    plain = chosen[100:].count(1) / 300
+    assert plain > 0.85, f"a draft that is almost never right must not be used, plain share {plain:.2f}"
+    assert {2, 4, 8} <= set(chosen[100:]), "other widths are still re-measured now and then"
+
+
+def test_adaptive_uses_the_full_block_when_drafts_hit():
+    chosen = simulate(AdaptiveWidth(8), 300, lambda i: 0.95, cpu_like_cost)
+    assert chosen[100:].count(8) / 200 > 0.85
+
+
+def test_adaptive_notices_when_drafting_starts_to_pay():
+    # Bad for 200 steps, then good: the re-measured widths pick up the new acceptance.
+    chosen = simulate(AdaptiveWidth(8), 400, lambda i: 0.05 if i < 200 else 0.95, cpu_like_cost)
+    assert chosen[150:200].count(1) > 40 and chosen[300:].count(8) > 85
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cycled_widths_keep_greedy_output_exact(family):
+    target = tiny_target(family)
+    base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
+    reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
+    for drafter in (tiny_draft(target, block_size=8), ScriptedDrafter(reference, 8)):
+        spec = generate(target, drafter, PROMPTS, max_new_tokens=44,
+                        stop_token_ids=[], adaptive=CyclingWidth(8))
+        for b, s in zip(base, spec):
+            assert s.tokens == b.tokens[:44], "a step of another width changed the target's greedy output"
+        assert spec[0].stats.plain_steps > 0
+
+
+def test_adaptive_greedy_is_exact_and_reports_its_steps():
+    target = tiny_target("llama")
+    base = generate(target, None, PROMPTS, max_new_tokens=48, stop_token_ids=[])
+    reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
+    for drafter in (tiny_draft(target, block_size=8), ScriptedDrafter(reference, 8)):
+        spec = generate(target, drafter, PROMPTS, max_new_tokens=40, stop_token_ids=[], adaptive=True)
+        for b, s in zip(base, spec):
+            assert s.tokens == b.tokens[:40]
+            assert s.stats.steps == sum(s.stats.histogram) and s.stats.plain_steps <= s.stats.steps
