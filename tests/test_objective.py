@@ -68,11 +68,13 @@ def _inference_block(draft, target, tokens, features, p):
     return draft(target.embed_tokens(block), p + torch.arange(K)[None], ctx_kv, mask)[0]  # [K, D]
 
 
+@pytest.mark.parametrize("dense", [False, True], ids=["factored-mask", "dense-mask"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @torch.no_grad()
-def test_training_path_equals_inference_per_block(family):
+def test_training_path_equals_inference_per_block(family, dense):
     target, draft, tokens, features, anchors, keep = _setup(family)
-    hidden = draft_hidden(draft, target.embed_tokens, features, tokens, anchors, keep, K).view(-1, K, 64)
+    hidden = draft_hidden(draft, target.embed_tokens, features, tokens, anchors, keep, K, dense=dense)
+    hidden = hidden.view(-1, K, 64)
     for j, p in enumerate(ANCHORS):
         expected = _inference_block(draft, target, tokens, features, p)
         err = (hidden[j] - expected).abs().max().item()
@@ -99,10 +101,26 @@ def test_cached_decoder_path_equals_training_path(family):
         assert err < 1e-4, f"block at {p}: cached draft logits differ from a full recompute by {err:.2e}"
 
 
-@torch.no_grad()
-def test_leaky_mask_differs():
+def test_factored_and_dense_masks_give_the_same_gradients():
     target, draft, tokens, features, anchors, keep = _setup("qwen3")
-    leaky = draft_hidden(draft, target.embed_tokens, features, tokens, anchors, keep, K, leaky=True).view(-1, K, 64)
+    grads = []
+    for dense in (False, True):
+        draft.zero_grad(set_to_none=True)
+        hidden = draft_hidden(draft, target.embed_tokens, features, tokens, anchors, keep, K, dense=dense)
+        (hidden * torch.linspace(-1, 1, hidden.numel()).view_as(hidden)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        scale = float(grads[1][name].abs().max())  # fp32 summation order differs: tolerance relative to size
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6 * scale, msg=name)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["factored-mask", "dense-mask"])
+@torch.no_grad()
+def test_leaky_mask_differs(dense):
+    target, draft, tokens, features, anchors, keep = _setup("qwen3")
+    leaky = draft_hidden(draft, target.embed_tokens, features, tokens, anchors, keep, K, leaky=True, dense=dense)
+    leaky = leaky.view(-1, K, 64)
     worst = max((leaky[j] - _inference_block(draft, target, tokens, features, p)).abs().max().item()
                 for j, p in enumerate(ANCHORS))
     assert worst > 1e-3, "letting a block see its own anchor's feature (c <= p) must change the output"

@@ -6,6 +6,8 @@ Hkv key/value heads, Dh head dim.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,6 +61,37 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@dataclass
+class AnchoredBlocks:
+    """The training mask in factored form (TRAINING.md §2.4): rows are A blocks of K slots; a row sees the
+    context positions that `context` allows and every slot of its own block, nothing of the other blocks.
+
+    Same result as the dense [B, Q, T+Q] mask, at O(Q·(T+K)) instead of O(Q·(T+Q)) attention cost.
+    """
+
+    context: torch.Tensor  # [B, Q, T] bool, Q = A*K
+    block_size: int
+
+
+def anchored_attention(q, ctx_k, ctx_v, block_k, block_v, mask: AnchoredBlocks) -> torch.Tensor:
+    """Attention of q [B, H, Q, Dh] over [context; own block]: ctx_k/ctx_v [B, Hkv, T, Dh], block_k/block_v
+    [B, Hkv, Q, Dh] -> [B, H, Q, Dh]. Query head h reads key/value head h // (H/Hkv), as enable_gqa does."""
+    B, H, Q, Dh = q.shape
+    Hkv, T, K = ctx_k.shape[1], ctx_k.shape[2], mask.block_size
+    g, A = H // Hkv, Q // K
+    q = q.reshape(B, Hkv, g, Q, Dh) * Dh**-0.5
+    s_ctx = torch.einsum("bkgqd,bktd->bkgqt", q, ctx_k)  # [B, Hkv, g, Q, T]
+    s_ctx = s_ctx.masked_fill(~mask.context[:, None, None], float("-inf"))
+    own_k, own_v = block_k.reshape(B, Hkv, A, K, Dh), block_v.reshape(B, Hkv, A, K, Dh)
+    s_own = torch.einsum("bkgaid,bkajd->bkgaij", q.reshape(B, Hkv, g, A, K, Dh), own_k)  # [B, Hkv, g, A, K, K]
+    # One softmax over [context, own block]; the own block is never empty, so no row is all -inf.
+    p = torch.cat([s_ctx, s_own.reshape(B, Hkv, g, Q, K)], dim=-1).float().softmax(-1).to(q.dtype)
+    p_ctx, p_own = p[..., :T], p[..., T:].reshape(B, Hkv, g, A, K, K)
+    out = torch.einsum("bkgqt,bktd->bkgqd", p_ctx, ctx_v)
+    out = out + torch.einsum("bkgaij,bkajd->bkgaid", p_own, own_v).reshape(B, Hkv, g, Q, Dh)
+    return out.reshape(B, H, Q, Dh)
+
+
 class InjectedAttention(nn.Module):
     """Attention whose keys/values are [context; block] and whose queries are the block only.
 
@@ -89,12 +122,15 @@ class InjectedAttention(nn.Module):
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
         """x [B, Q, D] (already input-normed), cos/sin [B, Q, Dh], ctx_k/ctx_v [B, Hkv, T, Dh],
-        mask [B, Q, T+Q] bool (True = may attend) -> [B, Q, D]."""
+        mask [B, Q, T+Q] bool (True = may attend) or AnchoredBlocks (training) -> [B, Q, D]."""
         q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.heads)), cos, sin)
         block_k, block_v = self.keys_values(x, cos, sin)
-        k = torch.cat([ctx_k, block_k], dim=2)  # [B, Hkv, T+Q, Dh]: context first, block last
-        v = torch.cat([ctx_v, block_v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        if isinstance(mask, AnchoredBlocks):
+            out = anchored_attention(q, ctx_k, ctx_v, block_k, block_v, mask)
+        else:
+            k = torch.cat([ctx_k, block_k], dim=2)  # [B, Hkv, T+Q, Dh]: context first, block last
+            v = torch.cat([ctx_v, block_v], dim=2)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..model.layers import AnchoredBlocks
+
 
 @dataclass
 class Blocks:
@@ -92,23 +94,37 @@ def block_attention_mask(anchors, keep, seq_len: int, block_size: int, leaky: bo
     `leaky=True` builds the wrong `c <= p_j` variant; it exists only so a test can show it differs.
     """
     B, A = anchors.shape
-    c = torch.arange(seq_len, device=anchors.device)
-    p = anchors[..., None]  # [B, A, 1]
-    ctx = ((c <= p) if leaky else (c < p)) & keep[..., None]  # [B, A, S]
-    ctx = ctx[:, :, None, :].expand(B, A, block_size, seq_len).reshape(B, A * block_size, seq_len)
+    ctx = context_visibility(anchors, keep, seq_len, block_size, leaky)
     block_of_query = torch.arange(A * block_size, device=anchors.device) // block_size
     own = block_of_query[:, None] == block_of_query[None, :]  # [A*K, A*K]
     return torch.cat([ctx, own[None].expand(B, -1, -1)], dim=2)
 
 
-def draft_hidden(draft, embed, features, tokens, anchors, keep, block_size: int, leaky: bool = False):
-    """Training-path forward: final-normed draft states [B, A*K, D] for every block at once."""
+def context_visibility(anchors, keep, seq_len: int, block_size: int, leaky: bool = False) -> torch.Tensor:
+    """The context part of `block_attention_mask`: [B, A*K, S], c < p_j (or the wrong c <= p_j when leaky)."""
+    B, A = anchors.shape
+    c = torch.arange(seq_len, device=anchors.device)
+    p = anchors[..., None]  # [B, A, 1]
+    ctx = ((c <= p) if leaky else (c < p)) & keep[..., None]  # [B, A, S]
+    return ctx[:, :, None, :].expand(B, A, block_size, seq_len).reshape(B, A * block_size, seq_len)
+
+
+def draft_hidden(draft, embed, features, tokens, anchors, keep, block_size: int, leaky: bool = False,
+                 dense: bool = False):
+    """Training-path forward: final-normed draft states [B, A*K, D] for every block at once.
+
+    The mask goes in factored form (AnchoredBlocks: context visibility plus own block), which costs
+    O(A·K·(S+K)) attention; `dense=True` uses `block_attention_mask` as one [B, A*K, S+A*K] mask instead.
+    """
     B, S = tokens.shape
     ids, positions = block_inputs(tokens, anchors, keep, block_size, draft.config.mask_token_id)
     ctx = draft.project_context(features)  # [B, S, D]
     ctx_positions = torch.arange(S, device=tokens.device).expand(B, S)
     ctx_kv = draft.context_kv(ctx, ctx_positions)
-    mask = block_attention_mask(anchors, keep, S, block_size, leaky)
+    if dense:
+        mask = block_attention_mask(anchors, keep, S, block_size, leaky)
+    else:
+        mask = AnchoredBlocks(context_visibility(anchors, keep, S, block_size, leaky), block_size)
     return draft(embed(ids), positions, ctx_kv, mask)
 
 
