@@ -104,3 +104,40 @@ def test_bad_input_is_refused_before_compute(kwargs, word):
     args.update(kwargs)
     with pytest.raises(InputError, match=word):
         generate(target, draft, args.pop("prompts"), **args)
+
+
+def test_per_row_budgets_equal_rows_alone():
+    target = tiny_target("llama")
+    draft = tiny_draft(target)
+    budgets = [5, 23, 12]
+    batch = generate(target, draft, PROMPTS, max_new_tokens=budgets, block_size=8, stop_token_ids=[])
+    for prompt, budget, row in zip(PROMPTS, budgets, batch):
+        alone = generate(target, draft, [prompt], max_new_tokens=budget, block_size=8, stop_token_ids=[])[0]
+        assert row.tokens == alone.tokens and len(row.tokens) == budget and row.finish_reason == "length"
+
+
+def test_dropped_row_stops_at_once_and_leaves_the_others_alone():
+    from blockdraft.decode.generate import stream
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target)
+    base = generate(target, draft, PROMPTS, max_new_tokens=30, block_size=4, stop_token_ids=[])
+    got, dropped = [[] for _ in PROMPTS], []
+
+    def drop():
+        if len(got[1]) >= 6 and not dropped:
+            dropped.append(len(got[1]))
+        return [1] if dropped else []
+
+    for event in stream(target, draft, PROMPTS, max_new_tokens=30, block_size=4, stop_token_ids=[], drop=drop):
+        assert not (dropped and event.row == 1), "a dropped row must get no further event"
+        got[event.row].extend(event.tokens)
+    assert got[1] == base[1].tokens[: dropped[0]]
+    assert got[0] == base[0].tokens and got[2] == base[2].tokens
+
+
+@pytest.mark.parametrize("budget", [0, -1, [4, 4], [4, 0, 4], 2.5])
+def test_bad_budgets_are_refused(budget):
+    target = tiny_target("llama")
+    with pytest.raises(InputError, match="max_new_tokens"):
+        generate(target, None, PROMPTS, max_new_tokens=budget)

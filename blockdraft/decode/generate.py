@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -38,19 +38,27 @@ class StreamEvent:
     finish_reason: str | None  # set on the row's last event: "stop" or "length"
 
 
-def check_request(target: Target, prompts, max_new_tokens: int, block_size: int, trained_block_size) -> None:
-    """Refuse bad input before any compute, naming the parameter, the value and the fix."""
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_request(target: Target, prompts, max_new_tokens, block_size: int, trained_block_size) -> None:
+    """Refuse bad input before any compute, naming the parameter, the value and the fix.
+
+    `max_new_tokens` is one budget for every prompt or a list with one per prompt."""
     if not prompts:
         raise InputError("no prompts given; pass at least one prompt")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
-        raise InputError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
-    for i, ids in enumerate(prompts):
+    budgets = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    if len(budgets) != len(prompts) or not all(_positive_int(b) for b in budgets):
+        raise InputError(f"`max_new_tokens` must be a positive integer (or a list of one per prompt), "
+                         f"got {max_new_tokens!r}")
+    for i, (ids, budget) in enumerate(zip(prompts, budgets)):
         if len(ids) == 0:
             raise InputError(f"prompt {i} is empty; give at least one token of prompt")
-        total = len(ids) + max_new_tokens
+        total = len(ids) + budget
         if total > target.max_positions:
             raise InputError(
-                f"prompt {i} has {len(ids)} tokens and `max_new_tokens` is {max_new_tokens}: {total} positions, "
+                f"prompt {i} has {len(ids)} tokens and `max_new_tokens` is {budget}: {total} positions, "
                 f"over the target's context of {target.max_positions}; shorten the prompt or lower max_new_tokens"
             )
     if trained_block_size is not None:
@@ -74,8 +82,13 @@ def stream(
     selector: Selector | None = None,
     stats: list[AcceptanceStats] | None = None,
     adaptive: bool = False,
+    drop: Callable[[], Iterable[int]] | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
+
+    `max_new_tokens` is one budget, or a list with one per prompt. `drop`, when given, is asked after every
+    step which rows (prompt indices) the caller no longer wants; they end at once, without a further event,
+    and stop costing compute.
 
     `stats`, when given, receives one AcceptanceStats per prompt (filled in place). `adaptive` lets each
     step verify the number of proposals that currently pays best, down to none (policy.py): the output is
@@ -87,7 +100,7 @@ def stream(
     if stop_token_ids is None:
         stop_token_ids = eos_ids(target)
     selector = selector or Selector(num_rows=len(prompts))
-    capacity = max(len(p) for p in prompts) + max_new_tokens + K
+    capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + K
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:
@@ -98,6 +111,8 @@ def stream(
         for row, tokens in run(state, target, drafter, selector, stats, policy):
             yield StreamEvent(row, tokens, state.results[row].finish_reason)
         run = step
+        if drop is not None:
+            state.drop(drop())
         live = state.live_rows()
         if live.shape[0] < state.batch:  # finished rows stop costing compute
             state.keep_rows(live)
@@ -123,6 +138,10 @@ def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, sto
     for s, t in zip(stats, tokens):
         s.seconds, s.new_tokens = elapsed, len(t)
     return [GenerationResult(t, r, s) for t, r, s in zip(tokens, reasons, stats)]
+
+
+def _as_list(budget, count: int) -> list[int]:
+    return list(budget) if isinstance(budget, (list, tuple)) else [budget] * count
 
 
 def as_drafter(target: Target, draft, block_size: int | None):

@@ -19,11 +19,12 @@ class RowResult:
     """What one prompt produced."""
 
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (a stop token was emitted, and is included) or "length"
+    finish_reason: str | None = None  # "stop" (a stop token was emitted, and is included), "length" or "dropped"
 
 
 class DecodeState:
-    def __init__(self, prompts: list[list[int]], capacity: int, max_new_tokens: int, stop_ids, device) -> None:
+    def __init__(self, prompts: list[list[int]], capacity: int, max_new_tokens: int | list[int], stop_ids,
+                 device) -> None:
         B = len(prompts)
         self.tokens = torch.zeros(B, capacity, dtype=torch.long, device=device)  # [B, capacity]
         for b, ids in enumerate(prompts):
@@ -31,7 +32,8 @@ class DecodeState:
         self.prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)  # [B]
         self.lengths = self.prompt_lengths.clone()  # [B] committed tokens, anchor included
         self.row_ids = torch.arange(B, device=device)  # [B] caller's index of each live row
-        self.max_new_tokens = max_new_tokens
+        # Budget of each row (caller's order): one for all, or one per prompt.
+        self.budgets = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
         self.stop_ids = frozenset(stop_ids)
         self.results = [RowResult() for _ in range(B)]
         self.pending: torch.Tensor | None = None  # [B, P, L*D] tapped features not yet in the draft cache
@@ -65,17 +67,23 @@ class DecodeState:
             result = self.results[row]
             if stats is not None:
                 stats[row].record(n, width)
-            new = new[: min(n, self.max_new_tokens - len(result.tokens))]
+            new = new[: min(n, self.budgets[row] - len(result.tokens))]
             for i, token in enumerate(new):
                 if token in self.stop_ids:
                     new = new[: i + 1]
                     result.finish_reason = "stop"
                     break
             result.tokens.extend(new)
-            if result.finish_reason is None and len(result.tokens) >= self.max_new_tokens:
+            if result.finish_reason is None and len(result.tokens) >= self.budgets[row]:
                 result.finish_reason = "length"
             events.append((row, new))
         return events
+
+    def drop(self, rows) -> None:
+        """End the rows `rows` (caller's indices) now, whatever they have produced: they stop costing compute."""
+        for row in rows:
+            if self.results[row].finish_reason is None:
+                self.results[row].finish_reason = "dropped"
 
     def live_rows(self) -> torch.Tensor:
         """Indices [B'] of the rows that are not finished."""

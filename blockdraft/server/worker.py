@@ -5,14 +5,13 @@ Batching. The worker waits for a request, then takes every queued request that c
 next batch: `stream` takes no new rows mid-decode. Requests share a batch when
 - their sampling parameters are equal, seed aside: one `Selector` (one SamplingParams) serves the whole batch,
   and each row gets its own seed, so a seeded request draws the same numbers alone or batched;
-- the batch fits the context: it decodes up to the largest `max_tokens`, so the longest prompt plus that budget
-  must fit `target.max_positions`. Each row still returns at most its own `max_tokens`.
+- the batch fits the context: the longest prompt plus the largest `max_tokens` must fit `target.max_positions`
+  (the caches are sized for it). Each row decodes its own `max_tokens` and then leaves the batch.
 Requests that cannot join stay queued in arrival order; the oldest one always leads the next batch.
 
 Cancelling. A client that disconnects, or a row that reached a stop string, cancels its own row: the worker
-sends it nothing more. `stream` cannot drop a row mid-decode, so a cancelled row, or one whose own
-`max_tokens` is below the batch's, keeps computing until it ends in the batch; once every row of a batch is
-cancelled or done, the batch stops at once.
+sends it nothing more, and `stream` drops the row after the step in progress, so it stops costing compute.
+Once every row of a batch is cancelled or done, the batch stops at once.
 
 Failures. An exception in a batch fails that batch's unfinished requests (each gets a `Failed` event, answered
 with a 500 and its request id); the worker logs it and goes on with the next batch.
@@ -187,9 +186,11 @@ class Worker:
     def _decode(self, batch: list[Job], stats: list[AcceptanceStats]) -> None:
         group = batch[0].group
         selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch])
+        # Each row has its own budget, and a row whose client went away stops costing compute at once.
         events = stream(self.target, self.drafter, [job.prompt for job in batch],
-                        max_new_tokens=max(job.max_tokens for job in batch), selector=selector, stats=stats,
-                        adaptive=self.adaptive and group.greedy)
+                        max_new_tokens=[job.max_tokens for job in batch], selector=selector, stats=stats,
+                        adaptive=self.adaptive and group.greedy,
+                        drop=lambda: [i for i, job in enumerate(batch) if job.cancelled])
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:
                 batch[event.row].deliver(event.tokens, event.finish_reason)
