@@ -259,10 +259,11 @@ class Killed(Exception):
     pass
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("standardize", [False, True], ids=["raw-features", "standardized-features"])
+def test_resume_equals_an_uninterrupted_run(tmp_path, standardize):
     write_data(tmp_path / "data", count=12)
     # 10 training examples, batch 4: 3 steps per epoch, 2 epochs = 6 steps; checkpoints at 2 and 4; killed after 5.
-    common = dict(save_every=2, log_every=1, val_fraction=0.2, eval_every=3)
+    common = dict(save_every=2, log_every=1, val_fraction=0.2, eval_every=3, standardize_features=standardize)
     reference = train(tiny_target("llama"), config(tmp_path, "reference", **common)).parent
 
     def kill_after_five(step):
@@ -348,3 +349,34 @@ def test_two_gloo_ranks_with_an_anchorless_rank(tmp_path):
     assert state["world_size"] == 2 and state["step"] == 3
     single = train(tiny_target("llama"), config(tmp_path, "single", **exact))
     assert_same_update(single.parent, tmp_path / "ddp", "two ranks must give the update of one process")
+
+
+def test_feature_scale_skips_the_sink_and_floors_quiet_dimensions():
+    from blockdraft.train.forward import feature_scale
+
+    rows = torch.ones(5, 4)
+    rows[:, 1] = 3.0
+    rows[:, 3] = 1e-6
+    rows[0] = 1e4  # the attention sink
+    scale = feature_scale([rows, rows[:1]])  # a one-token sequence has nothing but its sink
+    torch.testing.assert_close(scale, torch.tensor([1.0, 3.0, 1.0, 1e-2]))
+
+
+def test_standardized_features_keep_the_function_and_export_raw_weights():
+    from blockdraft.train.forward import BlockForward
+    from blockdraft.train.objective import sample_anchors
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, layers=2, block_size=8)
+    forward = BlockForward(draft, target)
+    tokens = torch.randint(3, 90, (2, 30), generator=torch.Generator().manual_seed(0))
+    features = target.forward(tokens, torch.arange(30).expand(2, 30), target.new_cache(2, 30), (1, 4)).features
+    anchors, keep = sample_anchors(torch.ones(2, 30), 5, torch.Generator().manual_seed(1))
+    raw_fc = draft.fc.weight.detach().clone()
+    before = forward(tokens, anchors, keep, features)
+    scale = torch.rand(features.shape[-1], generator=torch.Generator().manual_seed(2)) * 100 + 0.01
+    forward.standardize(scale, convert_weights=True)
+    after = forward(tokens, anchors, keep, features)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(draft.fc.weight, raw_fc), "training must see fc' = fc diag(s)"
+    torch.testing.assert_close(forward.export_state()["fc.weight"], raw_fc, rtol=1e-6, atol=1e-7)

@@ -28,6 +28,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cache-features", action="store_true",
                         help="keep every sequence's target features in memory: the target runs once per sequence "
                              "instead of once per epoch (L*D values a token)")
+    parser.add_argument("--standardize-features", action="store_true",
+                        help="train fc on per-dimension standardized target features (folded back into fc in "
+                             "every saved draft): evens out the target's few huge feature dimensions")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="bfloat16", help="dtype of the frozen target")
@@ -45,6 +48,7 @@ def run(args) -> int:
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
         mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
+        standardize_features=args.standardize_features,
     )
     target = load_target(args.target, dtype=parse_dtype(args.target_dtype), device=args.device)
     print(f"draft written to {train(target, cfg)}")

@@ -3,7 +3,9 @@
 `out/checkpoint/` holds
 - `config.json` + `model.safetensors`: the draft's fp32 master weights (a loadable draft folder as well);
 - `trainer_state.safetensors`: the AdamW state, flattened to `<parameter name>.<exp_avg|exp_avg_sq|step>`;
-- `trainer_state.json`: step, epoch, position in the epoch, schedule, seeds and the run's TrainConfig.
+- `trainer_state.json`: step, epoch, position in the epoch, schedule, seeds and the run's TrainConfig;
+- `trainer_weights.safetensors` (standardized-feature runs only): the trained weights that differ from the
+  exported ones (fc' = fc · diag(s)), bit for bit, so that a resumed run continues exactly.
 Only safetensors and JSON: nothing is pickled. Data order and anchors are functions of (seed, epoch, step,
 index), so the step and the position restore them; there is no RNG state to carry.
 
@@ -28,6 +30,7 @@ from ..io.checkpoint import read_checkpoint, write_checkpoint
 CHECKPOINT = "checkpoint"
 STATE_JSON = "trainer_state.json"
 STATE_TENSORS = "trainer_state.safetensors"
+TRAINED_TENSORS = "trainer_weights.safetensors"
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -38,16 +41,21 @@ def latest_checkpoint(out: Path) -> Path | None:
     return None
 
 
-def save_training_state(out: Path, cfg: DraftConfig, draft: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        names: list[str], state: dict) -> Path:
-    """Write `out/checkpoint/` (draft fp32, optimizer, state json) atomically; returns its path.
+def save_training_state(out: Path, cfg: DraftConfig, tensors: dict[str, torch.Tensor],
+                        optimizer: torch.optim.Optimizer, names: list[str], state: dict,
+                        trained: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `out/checkpoint/` (draft `tensors` fp32, optimizer, state json) atomically; returns its path.
 
-    `names` are the trainable parameters' names in optimizer order.
+    `names` are the trainable parameters' names in optimizer order; `trained`, the exact trained tensors that
+    differ from `tensors` (read back by `read_trained_tensors`).
     """
     final, partial, old = out / CHECKPOINT, out / (CHECKPOINT + ".partial"), out / (CHECKPOINT + ".old")
     shutil.rmtree(partial, ignore_errors=True)
-    write_checkpoint(partial, cfg, draft.state_dict(), dtype=torch.float32)
+    write_checkpoint(partial, cfg, tensors, dtype=torch.float32)
     save_file(_flatten_optimizer(optimizer, names), str(partial / STATE_TENSORS), metadata={"format": "pt"})
+    if trained:
+        contiguous = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in trained.items()}
+        save_file(contiguous, str(partial / TRAINED_TENSORS), metadata={"format": "pt"})
     (partial / STATE_JSON).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -73,6 +81,16 @@ def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
     draft.load_state_dict(tensors, strict=True)
     optimizer.load_state_dict({"state": _unflatten_optimizer(folder / STATE_TENSORS, names),
                                "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+def read_trained_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The exact trained tensors a standardized-feature checkpoint stores beside its exported draft."""
+    file = folder / TRAINED_TENSORS
+    if not file.is_file():
+        raise CheckpointError(f"{folder} has no {TRAINED_TENSORS}, which a standardized-feature run needs to "
+                              "resume; it was written by another version or run: use a new out_dir")
+    with safe_open(str(file), framework="pt") as handle:
+        return {key: handle.get_tensor(key) for key in handle.keys()}
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:

@@ -45,13 +45,62 @@ def target_features(target: Target, tokens: torch.Tensor, tap_layer_ids) -> torc
     return target.forward(tokens, positions, target.new_cache(B, S), tuple(tap_layer_ids)).features
 
 
+def feature_scale(features: list[torch.Tensor], floor: float = 1e-2) -> torch.Tensor:
+    """Per-dimension RMS [L*D] float32 of tapped features (a list of [S_i, L*D]), position 0 left out.
+
+    Position 0 is the attention sink, whose features can be thousands of times larger than any other's.
+    Dimensions quieter than `floor` times the median are floored there, so that noise is not amplified.
+    """
+    rows = torch.cat([f[1:].float() for f in features if f.shape[0] > 1])  # [N, L*D]
+    rms = rows.pow(2).mean(0).sqrt()
+    return rms.clamp(min=floor * float(rms.median()))
+
+
 class BlockForward(nn.Module):
-    """The draft over all blocks of a batch: the one module DDP wraps, so only draft weights are synced."""
+    """The draft over all blocks of a batch: the one module DDP wraps, so only draft weights are synced.
+
+    Feature standardization (optional): the target's tapped features differ in scale by orders of magnitude
+    across dimensions (a few "massive" dimensions reach hundreds while most stay near one), so Adam, which
+    moves every weight by about the learning rate, changes fc's output hundreds of times faster along those
+    dimensions. With a scale s [L*D] set, training sees features / s and learns fc' = fc · diag(s); every
+    exported state folds it back (fc = fc' / s), so the saved draft takes raw features exactly as before and
+    its architecture and format do not change.
+    """
 
     def __init__(self, draft: DFlashDraftModel, target: Target) -> None:
         super().__init__()
         self.draft = draft
         self.target = target  # a plain object, not a module: its weights stay outside DDP and the optimizer
+        self.scale: torch.Tensor | None = None  # [L*D] float32, or None: raw features
+
+    def standardize(self, scale: torch.Tensor, convert_weights: bool) -> None:
+        """Train on features / scale from now on; `convert_weights` turns the draft's current (raw-feature)
+        fc into fc' so that the function is unchanged (for loaded weights; a fresh init is left as drawn)."""
+        self.scale = scale.to(self.draft.fc.weight.device, torch.float32)
+        if convert_weights:
+            self.from_raw()
+
+    def from_raw(self) -> None:
+        """The draft's fc was just loaded from a saved (raw-feature) state: convert it to fc'."""
+        if self.scale is not None:
+            with torch.no_grad():
+                self.draft.fc.weight.mul_(self.scale.to(self.draft.fc.weight.dtype))
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """The trained tensors that `export_state` changes (fc'), for an exact resume; empty without a scale."""
+        return {} if self.scale is None else {"fc.weight": self.draft.fc.weight.detach()}
+
+    def load_trained_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, value in tensors.items():
+                self.draft.get_parameter(name).copy_(value)
+
+    def export_state(self) -> dict[str, torch.Tensor]:
+        """The draft's state dict for raw features (fc = fc' / s): what every checkpoint and draft stores."""
+        state = dict(self.draft.state_dict())
+        if self.scale is not None:
+            state["fc.weight"] = state["fc.weight"] / self.scale.to(state["fc.weight"].dtype)
+        return state
 
     def forward(self, tokens, anchors, keep, features):
         """tokens [B, S], anchors/keep [B, A], features [B, S, L*D] -> final-normed states [B, A*K, D]."""
@@ -63,7 +112,8 @@ class BlockForward(nn.Module):
             return self.target.embed_tokens(ids).to(dtype)
 
         K = self.draft.config.block_size
-        return draft_hidden(self.draft, embed, features.to(dtype), tokens, anchors, keep, K)
+        features = features.to(dtype) if self.scale is None else features.to(dtype) / self.scale.to(dtype)
+        return draft_hidden(self.draft, embed, features, tokens, anchors, keep, K)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -32,11 +32,12 @@ from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .batches import epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
-from .checkpointing import latest_checkpoint, load_training_state, read_training_state, save_training_state
+from .checkpointing import (latest_checkpoint, load_training_state, read_trained_tensors, read_training_state,
+                            save_training_state)
 from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .features import FeatureCache
-from .forward import BlockForward, autocast, freeze_target, head_weight, target_features
+from .forward import BlockForward, autocast, feature_scale, freeze_target, head_weight, target_features
 from .objective import weighted_loss
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
 
@@ -76,6 +77,8 @@ class TrainConfig:
     mask_token_id: int | None = None  # None: TRAINING.md §1's order (tokenizer mask, spare row, unused special)
     target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
     resume: bool = True  # continue out_dir/checkpoint if present
+    standardize_features: bool = False  # train fc on per-dimension standardized features (see BlockForward)
+    scale_sequences: int = 32  # training sequences the feature scale is measured on
     cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
 
     def __post_init__(self) -> None:
@@ -87,7 +90,8 @@ class TrainConfig:
         problems = [f"`{name}` must be an integer >= {low}, got {getattr(self, name)!r}"
                     for name, low in (("num_draft_layers", 1), ("block_size", 2), ("anchors", 1), ("max_seq_len", 2),
                                       ("epochs", 1), ("batch_size", 1), ("save_every", 1), ("eval_every", 1),
-                                      ("log_every", 1), ("micro_batch_size", 1), ("max_steps", 1))
+                                      ("log_every", 1), ("micro_batch_size", 1), ("max_steps", 1),
+                                      ("scale_sequences", 1))
                     if getattr(self, name) is not None and not _int_at_least(getattr(self, name), low)]
         checks = [("lr", self.lr > 0, "> 0"), ("min_lr", 0 <= self.min_lr <= self.lr, "in [0, lr]"),
                   ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
@@ -215,6 +219,9 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     draft_cfg, draft = _build_draft(target, cfg)
     _check_data(examples, draft_cfg, cfg.data_dir)
     forward = BlockForward(draft, target)
+    if cfg.standardize_features:
+        scale = _measure_scale(target, examples, train_indices, draft_cfg, cfg)
+        forward.standardize(scale, convert_weights=cfg.init_from is not None)
     named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([p for _, p in named], lr=cfg.lr, weight_decay=cfg.weight_decay)
     names = [n for n, _ in named]
@@ -259,6 +266,17 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
     return draft_cfg, draft.to(device=target.device, dtype=torch.float32).train()
 
 
+def _measure_scale(target: Target, examples: list[Example], train_indices: list[int], draft_cfg: DraftConfig,
+                   cfg: TrainConfig) -> torch.Tensor:
+    """Per-dimension feature RMS over the first `scale_sequences` training sequences (same on every rank)."""
+    max_len = min(cfg.max_seq_len, target.max_positions)
+    features = []
+    for i in train_indices[: cfg.scale_sequences]:
+        tokens = torch.tensor([examples[i].input_ids[:max_len]], device=target.device)
+        features.append(target_features(target, tokens, draft_cfg.target_layer_ids)[0])
+    return feature_scale(features)
+
+
 def _check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
     # The loaded draft defines the shape and interface; a TrainConfig that says otherwise is a mistake.
     wanted = {"num_hidden_layers": cfg.num_draft_layers, "block_size": cfg.block_size,
@@ -301,6 +319,8 @@ def _restore(run: Run) -> int | None:
         raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
                           f"({ {k: state['config'].get(k) for k in changed} }); use the same settings or a new out_dir")
     load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
+    if run.forward.scale is not None:  # the checkpoint's draft is the exported one; fc' comes bit-exact
+        run.forward.load_trained_state(read_trained_tensors(folder))
     run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
     run.skipped = state.get("skipped", 0)
     return run.step
@@ -384,7 +404,8 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
                                "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
                  "rng": {"seed": cfg.seed, "order": "sha256(seed, epoch)", "anchors": "sha256(seed, step, index)"},
                  "config": cfg.run_fields()}
-        save_training_state(cfg.out_dir, run.draft_cfg, run.forward.draft, run.optimizer, run.names, state)
+        save_training_state(cfg.out_dir, run.draft_cfg, run.forward.export_state(), run.optimizer, run.names, state,
+                            trained=run.forward.trained_state())
 
 
 def _evaluate(run: Run) -> dict:
@@ -402,7 +423,7 @@ def _finish(run: Run, log: MetricsLog | None) -> Path:
     """Write the final draft (bf16, with provenance) to out_dir/draft on rank 0."""
     folder = run.cfg.out_dir / "draft"
     if run.ranks.rank == 0:
-        write_checkpoint(folder, run.draft_cfg, run.forward.draft.state_dict(), dtype=torch.bfloat16)
+        write_checkpoint(folder, run.draft_cfg, run.forward.export_state(), dtype=torch.bfloat16)
         if log is not None and log.records:
             plot_curves(log.records, run.cfg.out_dir / "curves.png")
     return folder
