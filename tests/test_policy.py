@@ -98,3 +98,44 @@ def test_adaptive_greedy_is_exact_and_reports_its_steps():
         for b, s in zip(base, spec):
             assert s.tokens == b.tokens[:40]
             assert s.stats.steps == sum(s.stats.histogram) and s.stats.plain_steps <= s.stats.steps
+
+
+def test_join_pending_appends_each_rows_entries():
+    from blockdraft.decode.step import join_pending
+
+    old = torch.tensor([[[1.0], [2.0], [0.0]], [[5.0], [0.0], [0.0]]])  # counts 2 and 1 (0 is padding)
+    new = torch.tensor([[[3.0], [9.0]], [[6.0], [7.0]]])  # counts 1 and 2
+    joined, counts = join_pending(old, torch.tensor([2, 1]), new, torch.tensor([1, 2]))
+    assert counts.tolist() == [3, 3]
+    assert joined[0, :3, 0].tolist() == [1, 2, 3] and joined[1, :3, 0].tolist() == [5, 6, 7]
+
+
+def test_draft_context_after_plain_steps_equals_a_fresh_one():
+    """Plain steps defer the draft's context; the next proposal must see exactly the committed prefix."""
+    from blockdraft.decode.drafter import Drafter
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=8)
+    checked = []
+
+    class Checked(Drafter):
+        def propose(self, anchors, anchor_positions):
+            logits = super().propose(anchors, anchor_positions)
+            s = int(anchor_positions[0])
+            assert int(self.cache.lengths[0]) == s, "the draft cache must hold positions 0..s-1"
+            prefix = committed[0][:s]
+            features = target.forward(torch.tensor([prefix]), torch.arange(s)[None], target.new_cache(1, s),
+                                      self.tap_layer_ids).features
+            fresh = Drafter(draft, target)
+            fresh.start(1, s + 8)
+            fresh.append_context(features, torch.tensor([s]))
+            expected = fresh.propose(anchors[:1], anchor_positions[:1])
+            torch.testing.assert_close(logits[:1], expected, rtol=1e-4, atol=1e-4)
+            checked.append(s)
+            return logits
+
+    base = generate(target, None, PROMPTS[:1], max_new_tokens=40, stop_token_ids=[])[0]
+    committed = [PROMPTS[0] + base.tokens]
+    out = generate(target, Checked(draft, target), PROMPTS[:1], max_new_tokens=30, stop_token_ids=[],
+                   adaptive=CyclingWidth(8))[0]
+    assert out.tokens == base.tokens[:30] and len(checked) >= 3 and out.stats.plain_steps >= 2

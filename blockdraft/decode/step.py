@@ -41,10 +41,10 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     width = 1 if drafter is None else policy.choose() if policy is not None else drafter.block_size
 
     # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block
-    #    (always all K slots, as trained; the step verifies the first w-1 proposals).
-    if drafter is not None:
-        drafter.append_context(state.pending, state.pending_counts)
+    #    (always all K slots, as trained; the step verifies the first w-1 proposals). A plain step (w = 1)
+    #    leaves the draft alone: its pending positions wait for the next drafted step, fed in one call.
     if width > 1:
+        drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s)[:, : width - 1]  # [B, w-1, V]
     else:  # target alone, or a plain step: an empty block, the same path as the exactness oracle
         draft_logits = None
@@ -68,7 +68,25 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
 
     # 4. Roll back: the target keeps x[s] and the accepted proposals; the new anchor is not cached yet.
     state.target_cache.crop_to(s + num_accepted + 1)
-    width = int(num_accepted.max()) + 1
-    features = out.features[:, :width] if out.features is not None else None
-    state.pending, state.pending_counts = features, num_accepted + 1  # tapped features of slots 0..a
+    kept = int(num_accepted.max()) + 1
+    features = out.features[:, :kept] if out.features is not None else None  # tapped features of slots 0..a
+    if drafter is not None and width == 1:  # the draft has not taken in the earlier pending positions yet
+        state.pending, state.pending_counts = join_pending(state.pending, state.pending_counts, features,
+                                                           num_accepted + 1)
+    else:
+        state.pending, state.pending_counts = features, num_accepted + 1
     return events
+
+
+def join_pending(old: torch.Tensor, old_counts: torch.Tensor, new: torch.Tensor, new_counts: torch.Tensor):
+    """Append row b's first new_counts[b] entries of new [B, Q, F] after its first old_counts[b] entries of
+    old [B, P, F] -> ([B, P+Q, F], old_counts + new_counts). Entries past a row's count are padding."""
+    if old is None or new is None:  # a drafter that taps no features (a test double): only counts to keep
+        return None, old_counts + new_counts
+    B, P, F = old.shape
+    Q = new.shape[1]
+    out = old.new_zeros(B, P + Q, F)
+    out[:, :P] = old
+    where = old_counts[:, None] + torch.arange(Q, device=old.device)  # [B, Q]: right after each row's entries
+    out.scatter_(1, where[..., None].expand(B, Q, F), new.to(old.dtype))
+    return out, old_counts + new_counts
