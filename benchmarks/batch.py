@@ -1,6 +1,6 @@
 """Batch-8 speculative decoding against batch-8 target-only decoding, greedy, in one process.
 
-    python benchmarks/batch.py [--max-new-tokens 128] [--rounds 3] [--block-size K] [--dtype bfloat16]
+    python benchmarks/batch.py [--max-new-tokens 128] [--rounds 3] [--block-size K] [--dtype bfloat16] [--adaptive]
 
 The embedded target (SmolLM2-135M-Instruct) and its shipped draft decode the first 8 MT-Bench prompts as one
 ragged batch (built-in prompts when the prompt package is not installed). After one warm-up of each mode the
@@ -47,10 +47,11 @@ def batch_prompts(target) -> tuple[str, list[list[int]]]:
         return "built-in", [encode(target, p) for p in FALLBACK_PROMPTS]
 
 
-def timed(target, draft, ids, max_new_tokens: int, block_size: int):
+def timed(target, draft, ids, max_new_tokens: int, block_size: int, adaptive: bool = False):
     """One batched greedy decode -> (results, seconds)."""
     start = time.perf_counter()
-    results = generate(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size)
+    results = generate(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
+                       adaptive=adaptive and draft is not None)
     if target.device.type == "cuda":
         torch.cuda.synchronize()
     return results, time.perf_counter() - start
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--adaptive", action="store_true", help="speculative rows use adaptive verify widths")
     args = parser.parse_args()
 
     target = blockdraft.load_target(dtype=args.dtype, device=args.device)
@@ -77,7 +79,7 @@ def main() -> None:
     identical = True
     for _ in range(args.rounds):
         base, base_s = timed(target, None, ids, args.max_new_tokens, K)
-        spec, spec_s = timed(target, draft, ids, args.max_new_tokens, K)
+        spec, spec_s = timed(target, draft, ids, args.max_new_tokens, K, args.adaptive)
         seconds["target alone"] += base_s
         seconds["speculative"] += spec_s
         tokens["target alone"] += sum(len(r.tokens) for r in base)
@@ -94,7 +96,7 @@ def main() -> None:
     print_table(hardware, args, prompt_set, K, draft, seconds, tokens, speed, ratio, rows, pooled, identical)
     print(json.dumps({
         "bench": "batch", "hardware": hardware, "dtype": args.dtype, "prompt_set": prompt_set, "batch": len(ids),
-        "block_size": K, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+        "block_size": K, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "adaptive": args.adaptive,
         "draft_trained": bool(getattr(draft, "trained", True)),
         "target_alone_tokens_per_second": round(speed["target alone"], 3),
         "speculative_tokens_per_second": round(speed["speculative"], 3),

@@ -62,7 +62,7 @@ def test_adaptive_falls_back_to_plain_steps_when_drafts_miss():
     chosen = simulate(AdaptiveWidth(8), 400, lambda i: 0.05, cpu_like_cost)
     plain = chosen[100:].count(1) / 300
     assert plain > 0.85, f"a draft that is almost never right must not be used, plain share {plain:.2f}"
-    assert {2, 4, 8} <= set(chosen[100:]), "other widths are still re-measured now and then"
+    assert set(chosen[100:]) - {1}, "a drafting width is still re-measured now and then"
 
 
 def test_adaptive_uses_the_full_block_when_drafts_hit():

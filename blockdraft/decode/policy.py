@@ -10,10 +10,12 @@ width. Only speed depends on the choice.
     E(w) = 1 + sum_{j=1}^{w-1} prod_{i=1}^{j} alpha_i        (alpha_i: acceptance of slot i, given slot i-1)
     w*   = argmax_w E(w) / t(w)                              (t(w): measured seconds of a step of width w)
 
+with drafting (w > 1) required to win by a small margin (5 %), so that timing noise does not buy slow steps.
+
 alpha_i are decayed counts pooled over rows (a Beta prior centred on the previous slot's estimate keeps
 rarely reached slots from looking good by default); t(w) is an exponential average of measured step times.
 With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it
-re-measures every other width every `explore_every` steps so it notices when drafting pays again.
+re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again.
 
 With sampling, widths chosen from wall-clock times make a seeded sample depend on timing (the output is still
 distributed exactly as the target's); use a fixed width where a seed must reproduce the same text.
@@ -56,16 +58,16 @@ class AdaptiveWidth:
     """The width with the most expected tokens per second, from measured acceptance and step times."""
 
     def __init__(self, block_size: int, *, decay: float = 0.97, time_smoothing: float = 0.3,
-                 explore_every: int = 32, prior_strength: float = 2.0) -> None:
+                 explore_every: int = 32, prior_strength: float = 2.0, margin: float = 1.05) -> None:
         self.block_size = block_size
         self.widths = candidate_widths(block_size)
         self.decay, self.time_smoothing = decay, time_smoothing
-        self.explore_every, self.prior_strength = explore_every, prior_strength
+        self.explore_every, self.prior_strength, self.margin = explore_every, prior_strength, margin
         self.reached = torch.zeros(block_size - 1, dtype=torch.float64)  # decayed counts per slot 1..K-1
         self.accepted = torch.zeros(block_size - 1, dtype=torch.float64)
         self.seconds: dict[int, float] = {}  # width -> smoothed step time
-        self.last_measured: dict[int, int] = {}  # width -> step of its last measurement
         self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
+        self.last_explored = 0  # step of the last re-measurement of a width that was not the best
         self.steps = 0
 
     def alpha(self) -> torch.Tensor:
@@ -77,24 +79,31 @@ class AdaptiveWidth:
         return out
 
     def choose(self) -> int:
-        unsettled = [w for w in self.widths if self.measurements.get(w, 0) < 2]
-        if unsettled:  # time every width twice first, round robin
-            return min(unsettled, key=lambda w: (self.measurements.get(w, 0), w))
-        stale = min(self.widths, key=lambda w: self.last_measured[w])
-        if self.steps - self.last_measured[stale] >= self.explore_every:
-            return stale  # re-measure: machines drift and batches shrink
+        unmeasured = [w for w in self.widths if w not in self.seconds]
+        if unmeasured:  # time every width once first, the cheapest first
+            return unmeasured[0]
         gain = expected_tokens(self.alpha())
-        return max(self.widths, key=lambda w: float(gain[w - 1]) / self.seconds[w])
+
+        def rate(w: int) -> float:  # expected tokens per second; drafting must win by `margin` (timing noise)
+            return float(gain[w - 1]) / self.seconds[w] / (self.margin if w > 1 else 1.0)
+
+        ranked = sorted(self.widths, key=rate, reverse=True)
+        if self.steps - self.last_explored >= self.explore_every:
+            # Re-measure the runner-up, the width most likely to take over: machines drift, batches shrink,
+            # and while plain steps win only a drafting step can tell that the draft has started to hit.
+            self.last_explored = self.steps
+            return ranked[1]
+        return ranked[0]
 
     def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
         """One step of `width` took `seconds`; row r accepted num_accepted[r] of its width-1 proposals."""
         self.steps += 1
-        # A width's first measurement may carry one-off start-up costs: its second replaces it outright.
+        # A width's first measurement may carry one-off start-up costs: its second (when it is next chosen or
+        # re-measured) replaces it outright.
         count = self.measurements.get(width, 0)
         s = self.time_smoothing
         self.seconds[width] = seconds if count < 2 else (1 - s) * self.seconds[width] + s * seconds
         self.measurements[width] = count + 1
-        self.last_measured[width] = self.steps
         if width == 1:
             return  # nothing was proposed: acceptance counts stay as they were
         self.reached *= self.decay
