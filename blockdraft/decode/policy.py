@@ -1,7 +1,7 @@
 """How many draft proposals each step verifies: a fixed block, or the width that pays best right now.
 
 A step of width w verifies the anchor plus w-1 proposals in one target forward (w = 1: no proposal, a
-plain target step; the draft still takes in the new context so that it can resume at any step). Any
+plain target step; the target still taps its features, which wait for the next drafted step). Any
 width keeps the output exact: greedy output is the target's own, and rejection sampling is exact at every
 width. Only speed depends on the choice.
 
