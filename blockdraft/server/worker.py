@@ -28,6 +28,7 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 
 from ..decode.generate import as_drafter, stream
+from ..decode.policy import AdaptiveWidth
 from ..decode.selection import Selector
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
@@ -103,7 +104,10 @@ class Worker:
         self.drafter = as_drafter(target, draft, None)  # built once, restarted by every `stream` call
         self.block_size = self.drafter.block_size if self.drafter is not None else 1
         self.max_batch = max_batch
-        self.adaptive = adaptive  # greedy batches only: a sampled request's seed must reproduce its text
+        # Greedy batches only (a sampled request's seed must reproduce its text). One policy for the server's
+        # life: what it has learnt of acceptance and step times carries over from batch to batch, so short
+        # requests do not each pay for timing every width again.
+        self.policy = AdaptiveWidth(self.block_size) if adaptive and self.drafter is not None else None
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
         self._pending: deque[Job] = deque()
         self._ready = threading.Condition()
@@ -189,7 +193,7 @@ class Worker:
         # Each row has its own budget, and a row whose client went away stops costing compute at once.
         events = stream(self.target, self.drafter, [job.prompt for job in batch],
                         max_new_tokens=[job.max_tokens for job in batch], selector=selector, stats=stats,
-                        adaptive=self.adaptive and group.greedy,
+                        adaptive=self.policy if self.policy is not None and group.greedy else False,
                         drop=lambda: [i for i, job in enumerate(batch) if job.cancelled])
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:
