@@ -1,0 +1,87 @@
+"""`TrainConfig`: one training run's settings (TRAINING.md §1 defaults), validated when built."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import gamma_for_block_size
+from ..errors import ConfigError
+
+# Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
+OPERATIONAL_FIELDS = ("data_dir", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run (TRAINING.md §1 defaults). batch_size counts sequences per optimizer step, all ranks
+    together; micro_batch_size is per rank (None: the rank's whole share at once)."""
+
+    data_dir: Path
+    out_dir: Path
+    num_draft_layers: int = 5
+    block_size: int = 16
+    gamma: float | None = None  # None: the published value for block_size (7, 5, 4 for 16, 10, 8)
+    anchors: int = 512
+    max_seq_len: int = 3072
+    lr: float = 6e-4
+    warmup_fraction: float = 0.04
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    epochs: int = 6
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    save_every: int = 500
+    eval_every: int = 500
+    log_every: int = 10
+    val_fraction: float = 0.02  # held out at random, unless data_dir/val/ has its own shards
+    seed: int = 0
+    dtype: str = "bfloat16"  # autocast compute dtype; master weights and optimizer state stay fp32
+    cpu_autocast: bool = False  # CPU runs in fp32 unless this is set
+    max_steps: int | None = None  # caps the run and its schedule
+    init_from: Path | None = None  # start from this draft folder instead of a random init
+    mask_token_id: int | None = None  # None: TRAINING.md §1's order (tokenizer mask, spare row, unused special)
+    target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
+    resume: bool = True  # continue out_dir/checkpoint if present
+    standardize_features: bool = False  # train fc on per-dimension standardized features (see BlockForward)
+    scale_sequences: int = 32  # training sequences the feature scale is measured on
+    cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
+
+    def __post_init__(self) -> None:
+        for name in ("data_dir", "out_dir", "init_from"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.target_layer_ids is not None:
+            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        problems = [f"`{name}` must be an integer >= {low}, got {getattr(self, name)!r}"
+                    for name, low in (("num_draft_layers", 1), ("block_size", 2), ("anchors", 1), ("max_seq_len", 2),
+                                      ("epochs", 1), ("batch_size", 1), ("save_every", 1), ("eval_every", 1),
+                                      ("log_every", 1), ("micro_batch_size", 1), ("max_steps", 1),
+                                      ("scale_sequences", 1))
+                    if getattr(self, name) is not None and not _int_at_least(getattr(self, name), low)]
+        checks = [("lr", self.lr > 0, "> 0"), ("min_lr", 0 <= self.min_lr <= self.lr, "in [0, lr]"),
+                  ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
+                  ("weight_decay", self.weight_decay >= 0, ">= 0"), ("clip", self.clip > 0, "> 0"),
+                  ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
+                  ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
+                  ("dtype", self.dtype in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32")]
+        problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
+        if problems:
+            raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")
+        if self.gamma is None:
+            gamma_for_block_size(self.block_size)  # no published gamma for this K: refuse now, not mid-run
+
+    @property
+    def loss_gamma(self) -> float:
+        return self.gamma if self.gamma is not None else gamma_for_block_size(self.block_size)
+
+    def run_fields(self) -> dict:
+        """The fields that define the run's result, as JSON values (stored with every checkpoint)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in OPERATIONAL_FIELDS}
+        return {k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def _int_at_least(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
