@@ -38,15 +38,6 @@ PADDED = 3
 S = 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two threads on shared cores make tiny matmuls orders of magnitude slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _setup(family: str):
     target = tiny_target(family)
     draft = tiny_draft(target, layers=2, block_size=K)

@@ -30,15 +30,6 @@ MASK = VOCAB - 1
 TESTS = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two threads on shared cores make tiny matmuls orders of magnitude slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def write_data(folder: Path, count: int = 12, seed: int = 0, period: int = 5, empty: tuple[int, ...] = ()) -> Path:
     """Shards of prompt + a periodic response (learnable from the anchor alone); `empty` rows have no response mask."""
     rng = random.Random(seed)
