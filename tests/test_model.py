@@ -7,7 +7,7 @@ import math
 import torch
 
 from blockdraft.decode.drafter import Drafter
-from blockdraft.model.layers import apply_rope, rope_cos_sin
+from blockdraft.model.layers import apply_rope, grouped_attention, rope_cos_sin
 
 from conftest import tiny_draft, tiny_target
 
@@ -28,6 +28,19 @@ def _explicit_layer_attention(attn, x_normed, ctx, ctx_pos, block_pos, inv_freq)
     weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(Dh), dim=-1)  # no mask: non-causal
     out = (weights @ v).transpose(1, 2).reshape(*x_normed.shape[:2], -1)
     return attn.o_proj(out)
+
+
+def test_grouped_attention_equals_repeated_kv():
+    # Query head h reads kv head h // g (HF's repeat_kv); ragged per-row masks catch a wrong fold of rows.
+    torch.manual_seed(3)
+    B, H, Hkv, Q, T, Dh = 2, 6, 2, 3, 9, 8
+    q, k, v = torch.randn(B, H, Q, Dh), torch.randn(B, Hkv, T, Dh), torch.randn(B, Hkv, T, Dh)
+    mask = torch.rand(B, Q, T) < 0.6
+    mask[..., 0] = True  # no empty row
+    kr, vr = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    scores = (q @ kr.transpose(-1, -2) / math.sqrt(Dh)).masked_fill(~mask[:, None], float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ vr
+    assert torch.allclose(grouped_attention(q, k, v, mask), expected, atol=1e-5)
 
 
 def test_kv_injection_equals_explicit_concatenation():

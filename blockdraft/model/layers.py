@@ -48,6 +48,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def grouped_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA of q [B, H, Q, Dh] over k/v [B, Hkv, T, Dh] with mask [B, Q, T] bool (True = may attend) -> [B, H, Q, Dh].
+
+    Query head h reads key/value head h // g (g = H/Hkv), as `enable_gqa` does; but the g query heads of a
+    group are folded into the row dimension ([B, Hkv, g*Q, Dh]) instead of K/V being repeated g times.
+    Same arithmetic, several times faster on CPU for the few-row queries of decoding.
+    """
+    B, H, Q, Dh = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    g = H // Hkv
+    folded = q.reshape(B, Hkv, g * Q, Dh)  # heads h = kv*g + i: row i*Q + t of group kv
+    m = mask[:, None, None].expand(B, 1, g, Q, T).reshape(B, 1, g * Q, T)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=m)
+    return out.reshape(B, H, Q, Dh)
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)); names match Qwen3's `mlp.*` tensors."""
 
@@ -130,7 +146,7 @@ class InjectedAttention(nn.Module):
         else:
             k = torch.cat([ctx_k, block_k], dim=2)  # [B, Hkv, T+Q, Dh]: context first, block last
             v = torch.cat([ctx_v, block_v], dim=2)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+            out = grouped_attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 

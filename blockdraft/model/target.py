@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..cache import KVCache
 from ..errors import ConfigError
+from .layers import grouped_attention
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 
@@ -88,7 +88,7 @@ class Target:
         k = k * c + _rotate_half(k) * s
         cache.write(index, k, v, positions)
         keys, values = cache.read(index, mask.shape[-1])
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+        out = grouped_attention(q, keys, values, mask)
         return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def forward(
