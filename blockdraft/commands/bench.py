@@ -46,7 +46,7 @@ def run(args) -> int:
     _refuse_training_sets(prompts)
     stderr = Console(stderr=True, highlight=False)
     with stderr.status("loading target and draft"):
-        target = load_target(args.target, dtype=parse_dtype(args.dtype), device=args.device)
+        target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
         draft = load_draft(args.draft, target)
     if not getattr(draft, "trained", True):
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "

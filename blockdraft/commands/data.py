@@ -19,14 +19,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shard-size", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32")
     parser.add_argument("--device", default="cpu")
 
 
 def run(args) -> int:
     from ..train.regenerate import build_dataset
 
-    target = load_target(args.target, dtype=parse_dtype(args.dtype), device=args.device)
+    target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
     meta = build_dataset(target, args.out, sets=[s for s in args.sets.split(",") if s], count=args.count,
                          max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed)

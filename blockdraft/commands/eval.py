@@ -28,11 +28,11 @@ def run(args) -> int:
     from ..train.evaluate import evaluate_online
 
     sets = {name: load_prompts(name, limit=args.limit) for name in args.prompts.split(",") if name}
-    dtype = parse_dtype(args.dtype)
+    dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target)
     K = args.block_size or draft.config.block_size
-    table = Table(title=f"online greedy tau, K={K}, max_new_tokens={args.max_new_tokens}, {args.dtype}")
+    table = Table(title=f"online greedy tau, K={K}, max_new_tokens={args.max_new_tokens}, {str(dtype).replace('torch.', '')}")
     for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):
         table.add_column(column)
     results = {}

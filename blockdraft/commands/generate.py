@@ -59,7 +59,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     prompts = _read_prompts(args, DEFAULT_PROMPT)
     sampling = _sampling(args)  # bad values fail here, before minutes of loading
-    dtype = parse_dtype(args.dtype)
+    dtype = parse_dtype(args.dtype, args.device)
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
     with console.status("loading target and draft"):

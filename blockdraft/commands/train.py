@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
                              "every saved draft): evens out the target's few huge feature dimensions")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--target-dtype", default="bfloat16", help="dtype of the frozen target")
+    parser.add_argument("--target-dtype", default="auto", help="dtype of the frozen target (auto: bfloat16 where it is native, else float32)")
     parser.add_argument("--device", default="cpu")
 
 
@@ -50,6 +50,6 @@ def run(args) -> int:
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
         standardize_features=args.standardize_features,
     )
-    target = load_target(args.target, dtype=parse_dtype(args.target_dtype), device=args.device)
+    target = load_target(args.target, dtype=parse_dtype(args.target_dtype, args.device), device=args.device)
     print(f"draft written to {train(target, cfg)}")
     return 0
