@@ -19,12 +19,20 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_isa() -> str:
+    """The vector ISA torch dispatches to, and whether bf16 matmuls are native (they decide CPU speed)."""
+    from .io.targets import cpu_has_native_bf16
+
+    bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
+    return f"{torch.backends.cpu.get_cpu_capability()}, {bf16}"
+
+
 def describe(device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> dict:
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"{cpu_name()} ({torch.get_num_threads()} threads, {os.cpu_count()} cores)"
+        name = f"{cpu_name()} ({torch.get_num_threads()} threads, {os.cpu_count()} cores, {cpu_isa()})"
     import transformers
 
     info = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__}
