@@ -72,7 +72,7 @@ class ScriptedDrafter:
     def append_context(self, features, counts) -> None:
         pass
 
-    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
+    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:
         K = self.block_size
         right = self.calls % K
         self.calls += 1
@@ -83,7 +83,7 @@ class ScriptedDrafter:
                 truth = ref[s + k] if s + k < len(ref) else 0
                 token = truth if k <= right else (truth + 1) % VOCAB
                 logits[b, k - 1, token] = 10.0
-        return logits
+        return logits[:, :slots]
 
 
 def char_tokenizer():

@@ -338,8 +338,8 @@ def test_sampling_must_be_sampling_params(llama):
 class NaNDrafter(ScriptedDrafter):
     """A draft whose logits overflowed: every entry NaN."""
 
-    def propose(self, anchors, anchor_positions):
-        return torch.full((anchors.shape[0], self.block_size - 1, VOCAB), float("nan"))
+    def propose(self, anchors, anchor_positions, slots=None):
+        return torch.full((anchors.shape[0], slots or self.block_size - 1, VOCAB), float("nan"))
 
 
 @pytest.mark.parametrize("draft_argmax", [False, True])

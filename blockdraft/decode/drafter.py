@@ -64,8 +64,10 @@ class Drafter:
             self.cache.write(layer, k, v, positions)
         self.cache.crop_to(start + counts)
 
-    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor) -> torch.Tensor:
-        """Draft logits [B, K-1, V] float32 for block slots 1..K-1, given anchors [B] at positions [B].
+    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:
+        """Draft logits [B, n, V] float32 for block slots 1..n (n = `slots`, default K-1), given anchors [B] at
+        positions [B]. The draft always runs the whole block, as trained; only the LM head, which costs as
+        much as the rest of the draft, is limited to the slots that will be verified.
 
         The context cache must already hold positions 0..anchor_position-1 of every row.
         """
@@ -81,8 +83,8 @@ class Drafter:
         mask = torch.cat([ctx_visible, ctx_visible.new_ones(B, K)], dim=1)[:, None, :].expand(B, K, span + K)
         ctx_kv = [self.cache.read(layer, span) for layer in range(cfg.num_hidden_layers)]
         hidden = self.draft(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
-        # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..K-1 only.
-        logits = self.target.logits(hidden[:, 1:])
+        # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
+        logits = self.target.logits(hidden[:, 1: K if slots is None else 1 + slots])
         if cfg.final_logit_softcapping is not None:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

@@ -41,11 +41,11 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     width = 1 if drafter is None else policy.choose() if policy is not None else drafter.block_size
 
     # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block
-    #    (always all K slots, as trained; the step verifies the first w-1 proposals). A plain step (w = 1)
+    #    (the draft runs all K slots, as trained; the head scores only the w-1 proposals the step verifies). A plain step (w = 1)
     #    leaves the draft alone: its pending positions wait for the next drafted step, fed in one call.
     if width > 1:
         drafter.append_context(state.pending, state.pending_counts)
-        draft_logits = drafter.propose(anchors, s)[:, : width - 1]  # [B, w-1, V]
+        draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
     else:  # target alone, or a plain step: an empty block, the same path as the exactness oracle
         draft_logits = None
     proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids)  # [B, K-1], [B, K-1, V]
