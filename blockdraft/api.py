@@ -23,6 +23,7 @@ from .config import DraftConfig, check_against_target, choose_mask_token_id
 from .decode.generate import GenerationResult
 from .decode.generate import generate as generate_ids
 from .decode.selection import Selector
+from .decode.vocab import read_vocab
 from .errors import InputError
 from .io.checkpoint import read_checkpoint
 from .io.targets import EMBEDDED_HUB_ID
@@ -45,8 +46,11 @@ class Completion:
 
 
 def load_draft(path: str | Path | None = None, target: Target | None = None, *, strict: bool = False,
-               allow_last_layer: bool = False) -> DFlashDraftModel:
-    """Load a draft folder (FORMAT.md), validated against `target` when given; None loads the shipped one."""
+               allow_last_layer: bool = False, full_vocab: bool = False) -> DFlashDraftModel:
+    """Load a draft folder (FORMAT.md), validated against `target` when given; None loads the shipped one.
+
+    A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
+    still exact); `full_vocab=True` ignores it."""
     folder = Path(path) if path is not None else DEFAULT_DRAFT
     if path is None and not (folder / "config.json").is_file():
         if target is None or target.name != EMBEDDED_HUB_ID:
@@ -60,6 +64,8 @@ def load_draft(path: str | Path | None = None, target: Target | None = None, *, 
     draft = DFlashDraftModel(cfg)
     draft.load_state_dict(tensors, strict=True)
     draft.trained = True
+    vocab_size = target.lm_head.weight.shape[0] if target is not None else cfg.vocab_size
+    draft.draft_vocab = None if full_vocab else read_vocab(folder, vocab_size)
     return _place(draft, target)
 
 

@@ -63,7 +63,7 @@ class ScriptedDrafter:
         self.calls = 0
         self.rows = torch.arange(len(reference))
 
-    def start(self, batch: int, capacity: int) -> None:
+    def start(self, batch: int, capacity: int, prompts=None) -> None:
         self.rows = torch.arange(batch)
 
     def keep_rows(self, rows: torch.Tensor) -> None:

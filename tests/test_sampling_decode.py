@@ -17,6 +17,7 @@ from scipy.stats import chisquare
 
 import blockdraft.api as api
 from blockdraft.config import DraftConfig
+from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
 from blockdraft.decode.selection import Selector
 from blockdraft.errors import InputError
@@ -155,6 +156,24 @@ def test_speculative_sampling_matches_target_distribution(small_models, params, 
                             cycle_widths=cycle)
     pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
     assert pvalue > ALPHA, f"speculative sampling is not distributed as the target's own (p = {pvalue:.2e})"
+
+
+class VocabOnlyDrafter(Drafter):
+    """A proposal vocabulary without the prompt's ids: q is zero on every other token."""
+
+    def start(self, batch, capacity, prompts=None):
+        super().start(batch, capacity)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_sampling_with_a_proposal_vocabulary_matches_target_distribution(small_models, temperature, top_p):
+    """q vanishes outside the draft vocabulary {1, 2}; acceptance and the residual must still give p exactly."""
+    target, draft = small_models
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=70_000)
+    drafter = VocabOnlyDrafter(draft, target, 4, vocab=torch.tensor([1, 2]))
+    counts = sampled_counts(target, drafter, sampling)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"sampling with a proposal vocabulary is not the target's distribution (p = {pvalue:.2e})"
 
 
 def test_target_alone_sampling_matches_target_distribution(small_models):

@@ -47,7 +47,7 @@ def run(args) -> int:
     stderr = Console(stderr=True, highlight=False)
     with stderr.status("loading target and draft"):
         target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
-        draft = load_draft(args.draft, target)
+        draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
     if not getattr(draft, "trained", True):
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                      "(output is exact, acceptance is near 1)[/yellow]")

@@ -30,7 +30,7 @@ def run(args) -> int:
     sets = {name: load_prompts(name, limit=args.limit) for name in args.prompts.split(",") if name}
     dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device)
-    draft = load_draft(args.draft, target)
+    draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
     K = args.block_size or draft.config.block_size
     table = Table(title=f"online greedy tau, K={K}, max_new_tokens={args.max_new_tokens}, {str(dtype).replace('torch.', '')}")
     for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):

@@ -64,7 +64,7 @@ def run(args) -> int:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=dtype, device=args.device)
-        draft = None if args.baseline else load_draft(args.draft, target)
+        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab)
     if draft is not None and not getattr(draft, "trained", True):
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")

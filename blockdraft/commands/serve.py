@@ -45,7 +45,7 @@ def run(args) -> int:
                       "address can use the model[/yellow]")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=args.dtype, device=args.device)
-        draft = None if args.no_spec else load_draft(args.draft, target)
+        draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab)
     if draft is not None and not getattr(draft, "trained", True):
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")

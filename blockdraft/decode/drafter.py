@@ -6,10 +6,12 @@ Shapes: B rows, P pending context positions, K block size, D hidden, L tapped la
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..cache import KVCache
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
+from .vocab import scatter_logits, with_prompt_tokens
 
 
 def padded_rows(counts: torch.Tensor, width: int) -> torch.Tensor:
@@ -25,12 +27,18 @@ class Drafter:
     call) and then runs the block, whose own keys/values are never stored.
     """
 
-    def __init__(self, draft: DFlashDraftModel, target: Target, block_size: int | None = None) -> None:
+    def __init__(self, draft: DFlashDraftModel, target: Target, block_size: int | None = None,
+                 vocab: torch.Tensor | None = None) -> None:
         self.draft = draft
         self.target = target
         self.config = draft.config
         self.block_size = draft.config.block_size if block_size is None else block_size
         self.cache: KVCache | None = None
+        # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them; by default
+        # the one loaded beside the draft. Each request adds its prompts' ids.
+        self.vocab = getattr(draft, "draft_vocab", None) if vocab is None else vocab
+        self.active_ids: torch.Tensor | None = None  # [N'] this request's ids
+        self.head_rows: torch.Tensor | None = None  # [N', D] the LM head's rows for them
 
     @property
     def trained_block_size(self) -> int:
@@ -40,12 +48,16 @@ class Drafter:
     def tap_layer_ids(self) -> tuple[int, ...]:
         return tuple(self.config.target_layer_ids)
 
-    def start(self, batch: int, capacity: int) -> None:
+    def start(self, batch: int, capacity: int, prompts: list[list[int]] | None = None) -> None:
         cfg = self.config
         self.cache = KVCache(
             cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
             self.target.dtype, self.target.device,
         )
+        if self.vocab is not None:
+            ids = self.vocab.to(self.target.device)
+            self.active_ids = with_prompt_tokens(ids, prompts) if prompts else ids
+            self.head_rows = self.target.lm_head.weight.detach()[self.active_ids]  # [N', D], one gather a request
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -84,8 +96,18 @@ class Drafter:
         ctx_kv = [self.cache.read(layer, span) for layer in range(cfg.num_hidden_layers)]
         hidden = self.draft(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
         # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
-        logits = self.target.logits(hidden[:, 1: K if slots is None else 1 + slots])
+        rows = hidden[:, 1: K if slots is None else 1 + slots]
+        if self.head_rows is None:
+            logits = self.target.logits(rows)
+        else:  # scored over the proposal vocabulary only; -inf elsewhere after the softcap
+            logits = F.linear(rows, self.head_rows, self._head_bias()).float()  # [B, n, N']
         if cfg.final_logit_softcapping is not None:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
+        if self.head_rows is not None:
+            logits = scatter_logits(logits, self.active_ids, self.target.lm_head.weight.shape[0])
         return logits
+
+    def _head_bias(self) -> torch.Tensor | None:
+        bias = getattr(self.target.lm_head, "bias", None)
+        return None if bias is None else bias.detach()[self.active_ids]

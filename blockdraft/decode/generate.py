@@ -104,7 +104,7 @@ def stream(
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:
-        drafter.start(len(prompts), capacity)
+        drafter.start(len(prompts), capacity, prompts)
     policy = make_policy(K, adaptive) if drafter is not None else None
     run = prefill
     while state.batch:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from ..config import DraftConfig, check_against_target, choose_mask_token_id, provenance_for
 from ..errors import ConfigError, InputError
 from ..io.checkpoint import read_checkpoint, write_checkpoint
+from ..decode.vocab import emitted_tokens, write_vocab
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
@@ -350,6 +351,9 @@ def _finish(run: Run, log: MetricsLog | None) -> Path:
     folder = run.cfg.out_dir / "draft"
     if run.ranks.rank == 0:
         write_checkpoint(folder, run.draft_cfg, run.forward.export_state(), dtype=torch.bfloat16)
+        # The ids the target emitted in the training responses: the draft's default proposal vocabulary.
+        write_vocab(folder, emitted_tokens(run.examples), run.target.lm_head.weight.shape[0],
+                    source=f"response tokens of {len(run.examples)} training examples in {run.cfg.data_dir}")
         if log is not None and log.records:
             plot_curves(log.records, run.cfg.out_dir / "curves.png")
     return folder
