@@ -79,3 +79,21 @@ def test_a_draft_for_another_target_is_refused(folders, capsys, tmp_path):
     write_checkpoint(tmp_path / "d", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
     code, _, err = run(capsys, "generate", "hi", "--target", target, "--draft", str(tmp_path / "d"))
     assert code == 2 and "num_target_layers" in err, err
+
+
+def test_vocab_writes_the_sidecar_from_data(tmp_path, capsys):
+    from blockdraft.decode.vocab import read_vocab
+    from blockdraft.train.data import Example, write_shard
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, layers=1, block_size=8)
+    write_checkpoint(tmp_path / "draft", draft.config, draft.state_dict())
+    (tmp_path / "data").mkdir()
+    (tmp_path / "other").mkdir()
+    write_shard(tmp_path / "data" / "data-00000.jsonl", [Example("a", [1, 7, 8, 9], [0, 0, 1, 1])])
+    code, out, _ = run(capsys, "vocab", str(tmp_path / "draft"), "--data", str(tmp_path / "data"))
+    assert code == 0 and "2 of" in out
+    assert read_vocab(tmp_path / "draft", draft.config.vocab_size).tolist() == [8, 9]
+    write_shard(tmp_path / "other" / "data-00000.jsonl", [Example("b", [1, 7, 10_000], [0, 1, 1])])
+    code, _, err = run(capsys, "vocab", str(tmp_path / "draft"), "--data", str(tmp_path / "other"))
+    assert code == 2 and "another target" in err
