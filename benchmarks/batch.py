@@ -1,6 +1,6 @@
 """Batch-8 speculative decoding against batch-8 target-only decoding, greedy, in one process.
 
-    python benchmarks/batch.py [--max-new-tokens 128] [--rounds 3] [--block-size K] [--dtype bfloat16] [--adaptive]
+    python benchmarks/batch.py [--max-new-tokens 128] [--rounds 3] [--block-size K] [--dtype auto] [--adaptive]
 
 The embedded target (SmolLM2-135M-Instruct) and its shipped draft decode the first 8 MT-Bench prompts as one
 ragged batch (built-in prompts when the prompt package is not installed). After one warm-up of each mode the
@@ -62,11 +62,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3, help="timed runs of each mode, interleaved")
     parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where native, else float32), bfloat16, float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--adaptive", action="store_true", help="speculative rows use adaptive verify widths")
     args = parser.parse_args()
 
+    args.dtype = str(parse_dtype(args.dtype, args.device)).removeprefix("torch.")
     target = blockdraft.load_target(dtype=args.dtype, device=args.device)
     draft = blockdraft.load_draft(target=target)
     K = args.block_size or draft.config.block_size

@@ -109,7 +109,7 @@ def parse_args(argv):
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for a started server")
     parser.add_argument("--target", default=None, help="for started servers: as in `blockdraft serve`")
     parser.add_argument("--draft", default=None, help="for started servers: as in `blockdraft serve`")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where native, else float32), bfloat16, float32")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     for name in ("concurrency", "seconds", "max_requests", "max_tokens", "limit"):
