@@ -53,7 +53,7 @@ def test_inspect_prints_the_config_and_validates(folders, capsys):
     assert code == 0
     config = json.loads(out[: out.index("\n}\n") + 2])
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
-    assert "ok: the checkpoint matches" in out
+    assert "ok: the checkpoint matches" in out and "proposal vocabulary (blockdraft_vocab.json): none" in out
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..config import check_against_target
+from ..decode.vocab import VOCAB_FILE, read_vocab
 from ..io.checkpoint import read_checkpoint
 from ..io.targets import load_target
 
@@ -25,5 +26,8 @@ def run(args) -> int:
     warnings = check_against_target(cfg, target.config, target.tokenizer, strict=args.strict)
     for message in warnings:
         print(f"warning: {message}")
+    vocab = read_vocab(args.checkpoint, target.lm_head.weight.shape[0])
+    print(f"proposal vocabulary ({VOCAB_FILE}): " + ("none, the draft proposes any id" if vocab is None else
+                                                     f"{vocab.numel()} of {target.lm_head.weight.shape[0]} ids"))
     print(f"ok: the checkpoint matches target {target.name}")
     return 0
