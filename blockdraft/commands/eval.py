@@ -32,7 +32,8 @@ def run(args) -> int:
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
     K = args.block_size or draft.config.block_size
-    table = Table(title=f"online greedy tau, K={K}, max_new_tokens={args.max_new_tokens}, {str(dtype).replace('torch.', '')}")
+    dtype_name = str(dtype).removeprefix("torch.")
+    table = Table(title=f"online greedy tau, K={K}, max_new_tokens={args.max_new_tokens}, {dtype_name}")
     for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):
         table.add_column(column)
     results = {}

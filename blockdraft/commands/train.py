@@ -33,7 +33,8 @@ def add_arguments(parser) -> None:
                              "every saved draft): evens out the target's few huge feature dimensions")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--target-dtype", default="auto", help="dtype of the frozen target (auto: bfloat16 where it is native, else float32)")
+    parser.add_argument("--target-dtype", default="auto",
+                        help="dtype of the frozen target (auto: bfloat16 where it is native, else float32)")
     parser.add_argument("--device", default="cpu")
 
 

@@ -39,6 +39,7 @@ class Drafter:
         self.vocab = getattr(draft, "draft_vocab", None) if vocab is None else vocab
         self.active_ids: torch.Tensor | None = None  # [N'] this request's ids
         self.head_rows: torch.Tensor | None = None  # [N', D] the LM head's rows for them
+        self.head_bias: torch.Tensor | None = None  # [N'] their bias, for the rare head that has one
 
     @property
     def trained_block_size(self) -> int:
@@ -57,7 +58,9 @@ class Drafter:
         if self.vocab is not None:
             ids = self.vocab.to(self.target.device)
             self.active_ids = with_prompt_tokens(ids, prompts) if prompts else ids
-            self.head_rows = self.target.lm_head.weight.detach()[self.active_ids]  # [N', D], one gather a request
+            head = self.target.lm_head
+            self.head_rows = head.weight.detach()[self.active_ids]  # [N', D], one gather a request
+            self.head_bias = None if getattr(head, "bias", None) is None else head.bias.detach()[self.active_ids]
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -98,16 +101,11 @@ class Drafter:
         # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
         rows = hidden[:, 1: K if slots is None else 1 + slots]
         if self.head_rows is None:
-            logits = self.target.logits(rows)
-        else:  # scored over the proposal vocabulary only; -inf elsewhere after the softcap
-            logits = F.linear(rows, self.head_rows, self._head_bias()).float()  # [B, n, N']
-        if cfg.final_logit_softcapping is not None:
-            cap = cfg.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
-        if self.head_rows is not None:
-            logits = scatter_logits(logits, self.active_ids, self.target.lm_head.weight.shape[0])
-        return logits
+            return self._softcap(self.target.logits(rows))
+        # Scored over the proposal vocabulary only [B, n, N']; -inf elsewhere (after the softcap).
+        logits = self._softcap(F.linear(rows, self.head_rows, self.head_bias).float())
+        return scatter_logits(logits, self.active_ids, self.target.lm_head.weight.shape[0])
 
-    def _head_bias(self) -> torch.Tensor | None:
-        bias = getattr(self.target.lm_head, "bias", None)
-        return None if bias is None else bias.detach()[self.active_ids]
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap

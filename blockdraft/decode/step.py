@@ -40,9 +40,9 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
     width = 1 if drafter is None else policy.choose() if policy is not None else drafter.block_size
 
-    # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block
-    #    (the draft runs all K slots, as trained; the head scores only the w-1 proposals the step verifies). A plain step (w = 1)
-    #    leaves the draft alone: its pending positions wait for the next drafted step, fed in one call.
+    # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block (the
+    #    draft runs all K slots, as trained; the head scores only the w-1 proposals this step verifies). A plain
+    #    step (w = 1) leaves the draft alone: its pending positions wait for the next drafted step, fed at once.
     if width > 1:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
