@@ -97,3 +97,12 @@ def test_vocab_writes_the_sidecar_from_data(tmp_path, capsys):
     write_shard(tmp_path / "other" / "data-00000.jsonl", [Example("b", [1, 7, 10_000], [0, 1, 1])])
     code, _, err = run(capsys, "vocab", str(tmp_path / "draft"), "--data", str(tmp_path / "other"))
     assert code == 2 and "another target" in err
+
+
+@pytest.mark.parametrize(("extra", "word"), [(["--kd-weight", "0.5"], "--loss kd"),
+                                             (["--loss", "kd", "--kd-weight", "2"], "kd_weight")])
+def test_train_refuses_bad_kd_settings(folders, capsys, tmp_path, extra, word):
+    target, _ = folders
+    code, _, err = run(capsys, "train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--target", target,
+                       *extra)
+    assert code == 2 and word in err, err

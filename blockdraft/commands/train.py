@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from ..io.targets import load_target, parse_dtype
 
 
@@ -31,6 +32,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--standardize-features", action="store_true",
                         help="train fc on per-dimension standardized target features (folded back into fc in "
                              "every saved draft): evens out the target's few huge feature dimensions")
+    parser.add_argument("--loss", choices=("ce", "kd"), default="ce",
+                        help="ce: cross-entropy on the target's tokens; kd: also match the target's distribution "
+                             "(TRAINING.md §3; the teacher's states are cached with --cache-features)")
+    parser.add_argument("--kd-weight", type=float, default=None,
+                        help="λ of (1-λ)·CE + λ·KD with --loss kd (default 1: pure KD)")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="auto",
@@ -41,6 +47,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..train.trainer import TrainConfig, train
 
+    if args.kd_weight is not None and args.loss != "kd":
+        raise ConfigError("--kd-weight only applies with --loss kd; add --loss kd or drop --kd-weight")
+    kd_weight = 0.0 if args.loss == "ce" else 1.0 if args.kd_weight is None else args.kd_weight
     ids = tuple(int(i) for i in args.target_layer_ids.split(",")) if args.target_layer_ids else None
     cfg = TrainConfig(
         data_dir=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
@@ -49,7 +58,7 @@ def run(args) -> int:
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
         mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
-        standardize_features=args.standardize_features,
+        standardize_features=args.standardize_features, kd_weight=kd_weight,
     )
     target = load_target(args.target, dtype=parse_dtype(args.target_dtype, args.device), device=args.device)
     print(f"draft written to {train(target, cfg)}")

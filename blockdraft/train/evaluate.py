@@ -75,7 +75,8 @@ def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples:
         if candidates.numel() == 0:
             continue
         if cache is not None:
-            features = cache.features(tokens, [indices[n]], [tokens.shape[1]])
+            # A KD run's cache also holds the teacher states; the held-out metrics are plain CE and accuracy.
+            features = cache.features(tokens, [indices[n]], [tokens.shape[1]])[..., : forward.draft.fc.in_features]
         else:
             features = target_features(target, tokens, forward.draft.config.target_layer_ids)
         for start in range(0, candidates.numel(), anchors_per_pass):

@@ -45,6 +45,13 @@ def target_features(target: Target, tokens: torch.Tensor, tap_layer_ids) -> torc
     return target.forward(tokens, positions, target.new_cache(B, S), tuple(tap_layer_ids)).features
 
 
+def split_teacher(tapped: torch.Tensor, feature_width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """tapped [B, S, L*D (+ D)] -> (the draft's features [B, S, L*D], KD teacher states [B, S, D] or None)."""
+    if tapped.shape[-1] == feature_width:
+        return tapped, None
+    return tapped[..., :feature_width], tapped[..., feature_width:]
+
+
 def feature_scale(features: list[torch.Tensor], floor: float = 1e-2) -> torch.Tensor:
     """Per-dimension RMS [L*D] float32 of tapped features (a list of [S_i, L*D]), position 0 left out.
 

@@ -4,7 +4,8 @@ Per sequence: tokens x [S], loss mask m [S] (1 on response tokens), tapped targe
 A anchors p_j are drawn from C = {p : m[p] = m[p+1] = 1}; block j is [x[p_j], MASK x (K-1)] at positions
 p_j..p_j+K-1. Block rows see the context strictly before their anchor and their own block (both ways),
 nothing else. Slot k (1..K-1) of block j is trained to predict x[p_j + k] with weight exp(-(k-1)/gamma)
-over the contiguous supervised prefix of the block. Slot 0 never counts.
+over the contiguous supervised prefix of the block. Slot 0 never counts. Optionally (KD, TRAINING.md §3) a
+slot also learns the target's own distribution at p_j+k-1, which predicts its label.
 
 Shapes: B sequences, S tokens, A anchors, K block size, D hidden, V vocabulary.
 """
@@ -128,24 +129,47 @@ def draft_hidden(draft, embed, features, tokens, anchors, keep, block_size: int,
     return draft(embed(ids), positions, ctx_kv, mask)
 
 
-def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048):
-    """Sum over supervised slots of w * CE, and which supervised slots the draft's argmax gets right.
+def teacher_positions(blocks: Blocks) -> torch.Tensor:
+    """[B, A, K] the position whose target distribution teaches slot k of block j: p_j + k - 1 (TRAINING.md §3).
 
-    hidden [B, A*K, D], head_weight [V, D]. Only rows with w > 0 reach the LM head (A*K*V logits per
-    sequence would not fit otherwise), in chunks. Returns (weighted CE sum: a differentiable scalar,
-    hits [B, A, K] bool: argmax == label on slots with w > 0, False elsewhere).
+    That distribution predicts x[p_j + k], the slot's label. Slot 0 gets p_j - 1, clamped to 0; it never counts.
+    """
+    K = blocks.labels.shape[-1]
+    return (blocks.anchors[..., None] + torch.arange(K, device=blocks.anchors.device) - 1).clamp(min=0)
+
+
+def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, teacher=None, kd_weight: float = 0.0):
+    """Sum over supervised slots of w * loss, and which supervised slots the draft's argmax gets right.
+
+    hidden [B, A*K, D], head_weight [V, D]. The per-slot loss is CE against the label, or with `teacher`
+    (final-normed target states [B, S, D]) and kd_weight λ > 0, (1-λ)·CE + λ·KD with
+    KD = -Σ_v softmax(teacher logits at p_j+k-1)_v · log softmax(Z_{j,k})_v (TRAINING.md §3).
+    Only rows with w > 0 reach the LM head (A*K*V logits per sequence would not fit otherwise), in chunks.
+    Returns (weighted loss sum: a differentiable scalar, hits [B, A, K] bool: argmax == label on slots with
+    w > 0, False elsewhere).
     """
     w = blocks.weights.reshape(-1)
     rows = (w > 0).nonzero()[:, 0]
     h = hidden.reshape(-1, hidden.shape[-1])[rows]
     y = blocks.labels.reshape(-1)[rows]
+    if kd_weight > 0:
+        if teacher is None:
+            raise ValueError("kd_weight > 0 needs the target's final-normed states (teacher)")
+        B, S = teacher.shape[:2]
+        where = teacher_positions(blocks) + torch.arange(B, device=teacher.device)[:, None, None] * S  # [B, A, K]
+        t = teacher.reshape(B * S, -1)[where.reshape(-1)[rows]]  # [R, D]
     total = hidden.sum() * 0.0  # keeps the graph (and zero grads) when nothing is supervised
     hits = torch.zeros(w.shape, dtype=torch.bool, device=hidden.device)
     for start in range(0, rows.shape[0], chunk_rows):
         sl = slice(start, start + chunk_rows)
         logits = F.linear(h[sl], head_weight).float()  # [R, V]
-        ce = F.cross_entropy(logits, y[sl], reduction="none")
-        total = total + (ce * w[rows[sl]]).sum()
+        loss = F.cross_entropy(logits, y[sl], reduction="none")
+        if kd_weight > 0:
+            with torch.no_grad():
+                soft = F.linear(t[sl].to(head_weight.dtype), head_weight).float().softmax(-1)  # [R, V]
+            kd = F.cross_entropy(logits, soft, reduction="none")
+            loss = kd if kd_weight == 1 else (1 - kd_weight) * loss + kd_weight * kd
+        total = total + (loss * w[rows[sl]]).sum()
         hits[rows[sl]] = logits.argmax(-1) == y[sl]
     return total, hits.view_as(blocks.weights)
 

@@ -1,4 +1,9 @@
-"""`blockdraft data`: regenerate every training response with the target (batched, with progress)."""
+"""`blockdraft data`: regenerate every training response with the target (batched, with progress).
+
+Resumable: a folder that already holds shards of the same settings keeps them; the prompts they cover are
+skipped and new shards continue the numbering. A larger `count` with the same seed selects a superset of
+the prompts (the seeded order is fixed), so a stopped run can be resumed and a finished one grown.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..decode.generate import generate
 from ..prompts import training_prompts
-from .data import make_example, select_prompts, write_shard
+from ..errors import InputError
+from .data import make_example, read_examples, select_prompts, write_shard
 
 
 def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_tokens: int = 384,
@@ -17,12 +23,16 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
     """Write data-*.jsonl shards and meta.json under `out`; returns the meta record."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    settings = {"target": target.name, "sets": list(sets), "max_prompt_tokens": max_prompt_tokens,
+                "max_new_tokens": max_new_tokens, "seed": seed}
+    done, shard, tokens, empty = _resume_point(out, settings)
     prompts = training_prompts(tuple(sets))
     chosen, skipped = select_prompts(prompts, target.tokenizer, count=count,
                                      max_prompt_tokens=max_prompt_tokens, seed=seed)
-    skipped.update(empty_response=0)
+    skipped.update(empty_response=empty)
+    chosen = [item for item in chosen if item[0] not in done]
     chosen.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
-    examples, shard, tokens = [], 0, 0
+    examples, first_shard = [], shard
     columns = [TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tok]} tok"),
                TimeRemainingColumn()]
     with Progress(*columns) as progress:
@@ -40,14 +50,34 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
                 write_shard(out / f"data-{shard:05d}.jsonl", examples[:shard_size])
                 examples, shard = examples[shard_size:], shard + 1
                 # Keep meta.json current: a run stopped early still leaves a described, usable folder.
-                _write_meta(out, target, sets, count, skipped, tokens, shard * shard_size, max_prompt_tokens,
-                            max_new_tokens, seed, complete=False)
+                _write_meta(out, target, sets, count, skipped, tokens, len(done) + (shard - first_shard) * shard_size,
+                            max_prompt_tokens, max_new_tokens, seed, complete=False)
             progress.update(task, advance=len(batch), tok=tokens)
     if examples:
         write_shard(out / f"data-{shard:05d}.jsonl", examples)
-    written = shard * shard_size + len(examples)
+    written = len(done) + (shard - first_shard) * shard_size + len(examples)
     return _write_meta(out, target, sets, count, skipped, tokens, written, max_prompt_tokens, max_new_tokens, seed,
                        complete=True)
+
+
+def _resume_point(out: Path, settings: dict) -> tuple[set[str], int, int, int]:
+    """(ids already written, shards there, their response tokens, empty responses skipped) of `out`.
+
+    Shards written with other settings are refused: mixing them would make one data set of two recipes.
+    """
+    shards = sorted(out.glob("data-*.jsonl"))
+    if not shards:
+        return set(), 0, 0, 0
+    meta_file = out / "meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    changed = sorted(key for key, value in settings.items() if meta.get(key) != value)
+    if changed:
+        raise InputError(f"{out} already holds shards built with other settings "
+                         f"({ {key: meta.get(key) for key in changed} }, now { {k: settings[k] for k in changed} }); "
+                         "resume with the same settings, or write to a new --out folder")
+    examples = read_examples(out)
+    tokens = sum(sum(example.loss_mask) for example in examples)
+    return {example.id for example in examples}, len(shards), tokens, meta.get("skipped", {}).get("empty_response", 0)
 
 
 def _write_meta(out, target, sets, count, skipped, tokens, examples, max_prompt_tokens, max_new_tokens, seed,

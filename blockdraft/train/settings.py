@@ -48,6 +48,7 @@ class TrainConfig:
     standardize_features: bool = False  # train fc on per-dimension standardized features (see BlockForward)
     scale_sequences: int = 32  # training sequences the feature scale is measured on
     cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
+    kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (TRAINING.md §3): 0 is plain CE, 1 pure KD
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out_dir", "init_from"):
@@ -65,6 +66,7 @@ class TrainConfig:
                   ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
                   ("weight_decay", self.weight_decay >= 0, ">= 0"), ("clip", self.clip > 0, "> 0"),
                   ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
+                  ("kd_weight", 0 <= self.kd_weight <= 1, "in [0, 1]"),
                   ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
                   ("dtype", self.dtype in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32")]
         problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
@@ -76,6 +78,11 @@ class TrainConfig:
     @property
     def loss_gamma(self) -> float:
         return self.gamma if self.gamma is not None else gamma_for_block_size(self.block_size)
+
+    @staticmethod
+    def field_default(name: str):
+        """A field's default: what a checkpoint written before the field existed ran with."""
+        return {f.name: f.default for f in dataclasses.fields(TrainConfig)}[name]
 
     def run_fields(self) -> dict:
         """The fields that define the run's result, as JSON values (stored with every checkpoint)."""

@@ -39,7 +39,8 @@ from .checkpointing import (latest_checkpoint, load_training_state, read_trained
 from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .features import FeatureCache
-from .forward import BlockForward, autocast, feature_scale, freeze_target, head_weight, target_features
+from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
+                      target_features)
 from .objective import weighted_loss
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
 from .settings import TrainConfig
@@ -164,7 +165,7 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
         run.model = torch.nn.parallel.DistributedDataParallel(forward, device_ids=device_ids)
     run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
     if cfg.cache_features:
-        run.cache = FeatureCache(target, draft_cfg.target_layer_ids)
+        run.cache = FeatureCache(target, _tap_ids(run))
     log = None
     if ranks.rank == 0:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -241,10 +242,11 @@ def _restore(run: Run) -> int | None:
         raise InputError(f"{cfg.out_dir} already holds a training checkpoint; pass resume=True (--resume) to "
                          "continue it, or choose an empty out_dir")
     state = read_training_state(folder)
-    changed = sorted(k for k, v in cfg.run_fields().items() if state["config"].get(k) != v)
+    stored = {k: state["config"].get(k, TrainConfig.field_default(k)) for k in cfg.run_fields()}
+    changed = sorted(k for k, v in cfg.run_fields().items() if stored[k] != v)
     if changed:
         raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
-                          f"({ {k: state['config'].get(k) for k in changed} }); use the same settings or a new out_dir")
+                          f"({ {k: stored[k] for k in changed} }); use the same settings or a new out_dir")
     load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
     if run.forward.scale is not None:  # the checkpoint's draft is the exported one; fc' comes bit-exact
         run.forward.load_trained_state(read_trained_tensors(folder))
@@ -280,10 +282,11 @@ def _step(run: Run) -> None:
         for i, mb in enumerate(micro):
             sync = i == len(micro) - 1 or ranks.world == 1
             with nullcontext() if sync else run.model.no_sync():
-                features = _features(run, mb)
+                features, teacher = _features(run, mb)
                 with autocast(run.device, run.autocast_dtype):
                     hidden = run.model(mb.tokens, mb.anchors, mb.keep, features)
-                    total, hits = weighted_loss(hidden, run.head, mb.blocks)
+                    total, hits = weighted_loss(hidden, run.head, mb.blocks, teacher=teacher,
+                                                kd_weight=cfg.kd_weight)
                 (total * (ranks.world / W)).backward()
             run.metrics.add(total, hits, mb.blocks.weights)
         # 4. Update.
@@ -300,11 +303,21 @@ def _step(run: Run) -> None:
         run.epoch, run.position = run.epoch + 1, 0
 
 
-def _features(run: Run, mb) -> torch.Tensor:
-    """The micro-batch's tapped target features [B, S, L*D]: from the cache when it is on."""
+def _tap_ids(run: Run) -> tuple[int, ...]:
+    """The target layers a training forward taps: the draft's, then (for KD) the last one, which the target
+    returns final-normed, so that the frozen head turns it into the teacher's logits."""
+    kd = (run.target.num_layers - 1,) if run.cfg.kd_weight > 0 else ()
+    return tuple(run.draft_cfg.target_layer_ids) + kd
+
+
+def _features(run: Run, mb) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The micro-batch's tapped features [B, S, L*D] and, for KD, the teacher states [B, S, D] (else None):
+    from the cache when it is on."""
     if run.cache is not None:
-        return run.cache.features(mb.tokens, mb.indices, mb.lengths)
-    return target_features(run.target, mb.tokens, run.draft_cfg.target_layer_ids)
+        tapped = run.cache.features(mb.tokens, mb.indices, mb.lengths)
+    else:
+        tapped = target_features(run.target, mb.tokens, _tap_ids(run))
+    return split_teacher(tapped, run.forward.draft.fc.in_features)
 
 
 def _after_step(run: Run, log: MetricsLog | None) -> None:
