@@ -160,3 +160,18 @@ def test_reference_runtime_is_skipped_with_a_note_when_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "dflash.model", None)  # makes `from dflash.model import ...` raise ImportError
     method, note = reference_method(SimpleNamespace(), 4, [STOP], draft_folder=None)
     assert method is None and "not installed" in note, "an absent optional runtime must be skipped, never fatal"
+
+
+def test_adaptive_method_keeps_one_policy_across_prompts():
+    from blockdraft.bench.methods import ADAPTIVE, SPECULATIVE, build_methods
+
+    target = tiny_target("llama")
+    methods, _ = build_methods(target, tiny_draft(target, block_size=4), 4, [STOP])
+    adaptive = next(m for m in methods if m.name == ADAPTIVE)
+    policy = adaptive.policy
+    adaptive.decode([[1, 5, 9]], 6)
+    steps = policy.steps
+    assert steps > 0 and policy.seconds, "the first prompt measured step times"
+    adaptive.decode([[3, 4]], 6)
+    assert adaptive.policy is policy and policy.steps > steps, "the second prompt goes on with the same policy"
+    assert next(m for m in methods if m.name == SPECULATIVE).policy is False, "the full-block method stays fixed"

@@ -4,7 +4,9 @@
 - `hf-generate`: transformers' greedy `generate` on the same target weights.
 - `hf-prompt-lookup`: transformers' prompt-lookup decoding (`prompt_lookup_num_tokens=10`); batch 1 only.
 - `blockdraft`: our DFlash speculative decoding, every step verifying the full block.
-- `blockdraft-adaptive`: the same with adaptive verify widths (policy.py: down to plain steps when drafts miss).
+- `blockdraft-adaptive`: the same with adaptive verify widths (policy.py: down to plain steps when drafts miss),
+  one policy for the whole run, as the server keeps one: step times and acceptance learnt on one prompt carry
+  over to the next instead of being measured again for each.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..decode.generate import generate
+from ..decode.policy import AdaptiveWidth
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
@@ -43,11 +46,12 @@ class OursMethod:
                  stop_token_ids: list[int], adaptive: bool = False) -> None:
         self.name, self.target, self.draft = name, target, draft
         self.block_size = block_size if draft is not None else None
-        self.stop_token_ids, self.adaptive = stop_token_ids, adaptive
+        self.stop_token_ids = stop_token_ids
+        self.policy = AdaptiveWidth(block_size) if adaptive and draft is not None and block_size > 1 else False
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
         results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
-                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.adaptive)
+                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.policy)
         return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
 
 
