@@ -5,7 +5,8 @@ A anchors p_j are drawn from C = {p : m[p] = m[p+1] = 1}; block j is [x[p_j], MA
 p_j..p_j+K-1. Block rows see the context strictly before their anchor and their own block (both ways),
 nothing else. Slot k (1..K-1) of block j is trained to predict x[p_j + k] with weight exp(-(k-1)/gamma)
 over the contiguous supervised prefix of the block. Slot 0 never counts. Optionally (KD, TRAINING.md §3) a
-slot also learns the target's own distribution at p_j+k-1, which predicts its label.
+slot also learns the target's own distribution at p_j+k-1, which predicts its label; D-PACE (§3) replaces
+the decay by weights from the draft's own current acceptance.
 
 Shapes: B sequences, S tokens, A anchors, K block size, D hidden, V vocabulary.
 """
@@ -138,12 +139,28 @@ def teacher_positions(blocks: Blocks) -> torch.Tensor:
     return (blocks.anchors[..., None] + torch.arange(K, device=blocks.anchors.device) - 1).clamp(min=0)
 
 
-def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, teacher=None, kd_weight: float = 0.0):
+def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """D-PACE slot weights [..., K] (TRAINING.md §3): w_k = v_k · Σ_{m=k}^{K-1} v_m Π_{i=1}^{m} q̃_i.
+
+    q̃_i = (1-α)·exp(-CE_i) + α is a floored estimate of slot i's acceptance, so the sum is the expected
+    number of accepted slots that need slot k: slots behind a likely miss weigh little. ce and valid [..., K]
+    (v: 1 on the block's supervised prefix, slot 0 excluded); pass ce detached (the weights take no gradient).
+    """
+    q = (1 - alpha) * torch.exp(-ce.float()) + alpha
+    q[..., 0] = 1.0  # the products start at slot 1
+    term = valid * torch.cumprod(q, dim=-1)  # v_m Π_{i=1}^{m} q̃_i
+    return valid * term.flip(-1).cumsum(-1).flip(-1)
+
+
+def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, teacher=None, kd_weight: float = 0.0,
+                  dpace_alpha: float | None = None):
     """Sum over supervised slots of w * loss, and which supervised slots the draft's argmax gets right.
 
     hidden [B, A*K, D], head_weight [V, D]. The per-slot loss is CE against the label, or with `teacher`
     (final-normed target states [B, S, D]) and kd_weight λ > 0, (1-λ)·CE + λ·KD with
     KD = -Σ_v softmax(teacher logits at p_j+k-1)_v · log softmax(Z_{j,k})_v (TRAINING.md §3).
+    With `dpace_alpha`, blocks.weights must be the plain validity v (gamma = inf) and every slot's weight
+    becomes `dpace_weights` of the draft's own (detached) CE.
     Only rows with w > 0 reach the LM head (A*K*V logits per sequence would not fit otherwise), in chunks.
     Returns (weighted loss sum: a differentiable scalar, hits [B, A, K] bool: argmax == label on slots with
     w > 0, False elsewhere).
@@ -158,19 +175,28 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
         B, S = teacher.shape[:2]
         where = teacher_positions(blocks) + torch.arange(B, device=teacher.device)[:, None, None] * S  # [B, A, K]
         t = teacher.reshape(B * S, -1)[where.reshape(-1)[rows]]  # [R, D]
-    total = hidden.sum() * 0.0  # keeps the graph (and zero grads) when nothing is supervised
+    losses, ces = [], []
     hits = torch.zeros(w.shape, dtype=torch.bool, device=hidden.device)
     for start in range(0, rows.shape[0], chunk_rows):
         sl = slice(start, start + chunk_rows)
         logits = F.linear(h[sl], head_weight).float()  # [R, V]
-        loss = F.cross_entropy(logits, y[sl], reduction="none")
+        ce = F.cross_entropy(logits, y[sl], reduction="none")
+        loss = ce
         if kd_weight > 0:
             with torch.no_grad():
                 soft = F.linear(t[sl].to(head_weight.dtype), head_weight).float().softmax(-1)  # [R, V]
             kd = F.cross_entropy(logits, soft, reduction="none")
-            loss = kd if kd_weight == 1 else (1 - kd_weight) * loss + kd_weight * kd
-        total = total + (loss * w[rows[sl]]).sum()
+            loss = kd if kd_weight == 1 else (1 - kd_weight) * ce + kd_weight * kd
+        losses.append(loss)
+        ces.append(ce.detach())
         hits[rows[sl]] = logits.argmax(-1) == y[sl]
+    factor = w[rows]
+    if dpace_alpha is not None and rows.numel():
+        ce_slots = torch.zeros(w.shape, device=hidden.device).index_put((rows,), torch.cat(ces))
+        factor = dpace_weights(ce_slots.view_as(blocks.weights), blocks.weights, dpace_alpha).reshape(-1)[rows]
+    total = hidden.sum() * 0.0  # keeps the graph (and zero grads) when nothing is supervised
+    if losses:
+        total = total + (torch.cat(losses) * factor).sum()
     return total, hits.view_as(blocks.weights)
 
 

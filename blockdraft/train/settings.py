@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class TrainConfig:
     scale_sequences: int = 32  # training sequences the feature scale is measured on
     cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
     kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (TRAINING.md §3): 0 is plain CE, 1 pure KD
+    weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (TRAINING.md §3)
+    dpace_alpha: float = 0.5  # D-PACE's acceptance floor α
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out_dir", "init_from"):
@@ -67,6 +70,8 @@ class TrainConfig:
                   ("weight_decay", self.weight_decay >= 0, ">= 0"), ("clip", self.clip > 0, "> 0"),
                   ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
                   ("kd_weight", 0 <= self.kd_weight <= 1, "in [0, 1]"),
+                  ("weighting", self.weighting in ("decay", "dpace"), "decay or dpace"),
+                  ("dpace_alpha", 0 <= self.dpace_alpha <= 1, "in [0, 1]"),
                   ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
                   ("dtype", self.dtype in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32")]
         problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
@@ -77,7 +82,14 @@ class TrainConfig:
 
     @property
     def loss_gamma(self) -> float:
+        """The decay's gamma; inf (weights = validity) under D-PACE, whose weights come from the model."""
+        if self.weighting == "dpace":
+            return math.inf
         return self.gamma if self.gamma is not None else gamma_for_block_size(self.block_size)
+
+    @property
+    def loss_dpace_alpha(self) -> float | None:
+        return self.dpace_alpha if self.weighting == "dpace" else None
 
     @staticmethod
     def field_default(name: str):

@@ -286,7 +286,7 @@ def _step(run: Run) -> None:
                 with autocast(run.device, run.autocast_dtype):
                     hidden = run.model(mb.tokens, mb.anchors, mb.keep, features)
                     total, hits = weighted_loss(hidden, run.head, mb.blocks, teacher=teacher,
-                                                kd_weight=cfg.kd_weight)
+                                                kd_weight=cfg.kd_weight, dpace_alpha=cfg.loss_dpace_alpha)
                 (total * (ranks.world / W)).backward()
             run.metrics.add(total, hits, mb.blocks.weights)
         # 4. Update.
