@@ -41,6 +41,10 @@ def add_arguments(parser) -> None:
                         help="slot weights: decay exp(-(k-1)/gamma), or dpace from the draft's own acceptance "
                              "(TRAINING.md §3)")
     parser.add_argument("--dpace-alpha", type=float, default=0.5, help="D-PACE's acceptance floor α")
+    parser.add_argument("--proposal-vocab", action="store_true",
+                        help="score only the ids the decoder drafts from (those emitted in the training responses, "
+                             "plus each sequence's own ids): the LM head, the costliest part of a step on a small "
+                             "target, shrinks by V/N")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="auto",
@@ -63,7 +67,7 @@ def run(args) -> int:
         mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
-        weighting=args.weighting, dpace_alpha=args.dpace_alpha,
+        weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,
     )
     target = load_target(args.target, dtype=parse_dtype(args.target_dtype, args.device), device=args.device)
     print(f"draft written to {train(target, cfg)}")

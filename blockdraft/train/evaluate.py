@@ -19,7 +19,7 @@ from ..decode.generate import generate
 from ..metrics import AcceptanceStats
 from .data import Example
 from .forward import BlockForward, autocast, target_features
-from .objective import anchor_candidates, block_targets, block_tau, weighted_loss
+from .objective import anchor_candidates, batch_vocab, block_targets, block_tau, weighted_loss
 
 
 @dataclass
@@ -60,11 +60,12 @@ class BlockMetrics:
 def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples: list[Example], *, gamma: float,
                             max_seq_len: int, anchors_per_pass: int = 512,
                             autocast_dtype: torch.dtype | None = None, cache=None,
-                            indices: list[int] | None = None) -> BlockMetrics:
+                            indices: list[int] | None = None, vocab: torch.Tensor | None = None) -> BlockMetrics:
     """Block metrics of the draft over held-out examples, with an anchor at every position of C.
 
     One target forward per example (or none: a FeatureCache `cache` keyed by the examples' dataset
-    `indices`); its anchors run in passes of `anchors_per_pass` blocks.
+    `indices`); its anchors run in passes of `anchors_per_pass` blocks. `vocab`: score over the proposal
+    vocabulary joined with the example's ids, as training with `proposal_vocab` does.
     """
     target, K = forward.target, forward.draft.config.block_size
     metrics = BlockMetrics.zeros(K, target.device)
@@ -85,7 +86,7 @@ def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples:
             blocks = block_targets(tokens, loss_mask, anchors, keep, K, gamma)
             with autocast(target.device, autocast_dtype):  # the head too: it is in the autocast dtype
                 hidden = forward(tokens, anchors, keep, features)
-                total, hits = weighted_loss(hidden, head, blocks)
+                total, hits = weighted_loss(hidden, head, blocks, vocab=batch_vocab(vocab, tokens))
             metrics.add(total, hits, blocks.weights)
     return metrics
 

@@ -153,14 +153,16 @@ def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = 0.5) -> 
 
 
 def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, teacher=None, kd_weight: float = 0.0,
-                  dpace_alpha: float | None = None):
+                  dpace_alpha: float | None = None, vocab: torch.Tensor | None = None):
     """Sum over supervised slots of w * loss, and which supervised slots the draft's argmax gets right.
 
     hidden [B, A*K, D], head_weight [V, D]. The per-slot loss is CE against the label, or with `teacher`
     (final-normed target states [B, S, D]) and kd_weight λ > 0, (1-λ)·CE + λ·KD with
     KD = -Σ_v softmax(teacher logits at p_j+k-1)_v · log softmax(Z_{j,k})_v (TRAINING.md §3).
     With `dpace_alpha`, blocks.weights must be the plain validity v (gamma = inf) and every slot's weight
-    becomes `dpace_weights` of the draft's own (detached) CE.
+    becomes `dpace_weights` of the draft's own (detached) CE. With `vocab` (sorted distinct ids [N] that hold
+    every supervised label) the head scores those ids only, as the decoder does with a proposal vocabulary:
+    CE, KD (the teacher renormalised over them) and argmax are all over the N ids.
     Only rows with w > 0 reach the LM head (A*K*V logits per sequence would not fit otherwise), in chunks.
     Returns (weighted loss sum: a differentiable scalar, hits [B, A, K] bool: argmax == label on slots with
     w > 0, False elsewhere).
@@ -169,6 +171,13 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
     rows = (w > 0).nonzero()[:, 0]
     h = hidden.reshape(-1, hidden.shape[-1])[rows]
     y = blocks.labels.reshape(-1)[rows]
+    if vocab is not None:
+        index = torch.full((head_weight.shape[0],), -1, dtype=torch.long, device=vocab.device)
+        index[vocab] = torch.arange(vocab.shape[0], device=vocab.device)
+        y = index[y]  # label ids -> columns of the restricted head
+        if (y < 0).any():
+            raise ValueError("a supervised label is outside `vocab`; the vocabulary must hold every label")
+        head_weight = head_weight[vocab]  # [N, D]
     if kd_weight > 0:
         if teacher is None:
             raise ValueError("kd_weight > 0 needs the target's final-normed states (teacher)")
@@ -179,12 +188,12 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
     hits = torch.zeros(w.shape, dtype=torch.bool, device=hidden.device)
     for start in range(0, rows.shape[0], chunk_rows):
         sl = slice(start, start + chunk_rows)
-        logits = F.linear(h[sl], head_weight).float()  # [R, V]
+        logits = F.linear(h[sl], head_weight).float()  # [R, V] ([R, N] with vocab)
         ce = F.cross_entropy(logits, y[sl], reduction="none")
         loss = ce
         if kd_weight > 0:
             with torch.no_grad():
-                soft = F.linear(t[sl].to(head_weight.dtype), head_weight).float().softmax(-1)  # [R, V]
+                soft = F.linear(t[sl].to(head_weight.dtype), head_weight).float().softmax(-1)  # [R, V or N]
             kd = F.cross_entropy(logits, soft, reduction="none")
             loss = kd if kd_weight == 1 else (1 - kd_weight) * ce + kd_weight * kd
         losses.append(loss)
@@ -198,6 +207,12 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
     if losses:
         total = total + (torch.cat(losses) * factor).sum()
     return total, hits.view_as(blocks.weights)
+
+
+def batch_vocab(vocab: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The proposal vocabulary [N] joined with every id of tokens [B, S] (their prompts' ids, as the decoder adds
+    a request's prompt ids; padding ids are harmless extras): the ids a training step scores. None stays None."""
+    return None if vocab is None else torch.unique(torch.cat([vocab, tokens.reshape(-1)]))
 
 
 def block_tau(hits: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ class TrainConfig:
     kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (TRAINING.md §3): 0 is plain CE, 1 pure KD
     weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (TRAINING.md §3)
     dpace_alpha: float = 0.5  # D-PACE's acceptance floor α
+    proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py), plus each batch's
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out_dir", "init_from"):

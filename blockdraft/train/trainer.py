@@ -41,7 +41,7 @@ from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .features import FeatureCache
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
-from .objective import weighted_loss
+from .objective import batch_vocab, weighted_loss
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
 from .settings import TrainConfig
 
@@ -102,6 +102,7 @@ class Run:
     skipped: int = 0
     batches: dict = field(default_factory=dict)
     cache: FeatureCache | None = None
+    vocab: torch.Tensor | None = None  # [N] the proposal vocabulary the head is limited to (proposal_vocab)
 
     @property
     def device(self) -> torch.device:
@@ -166,6 +167,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
     if cfg.cache_features:
         run.cache = FeatureCache(target, _tap_ids(run))
+    if cfg.proposal_vocab:
+        run.vocab = torch.tensor(emitted_tokens(examples), dtype=torch.long, device=target.device)
     log = None
     if ranks.rank == 0:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -286,7 +289,8 @@ def _step(run: Run) -> None:
                 with autocast(run.device, run.autocast_dtype):
                     hidden = run.model(mb.tokens, mb.anchors, mb.keep, features)
                     total, hits = weighted_loss(hidden, run.head, mb.blocks, teacher=teacher,
-                                                kd_weight=cfg.kd_weight, dpace_alpha=cfg.loss_dpace_alpha)
+                                                kd_weight=cfg.kd_weight, dpace_alpha=cfg.loss_dpace_alpha,
+                                                vocab=batch_vocab(run.vocab, mb.tokens))
                 (total * (ranks.world / W)).backward()
             run.metrics.add(total, hits, mb.blocks.weights)
         # 4. Update.
@@ -354,7 +358,7 @@ def _evaluate(run: Run) -> dict:
     metrics = evaluate_teacher_forced(run.forward, run.head, [run.examples[i] for i in indices],
                                       gamma=run.cfg.loss_gamma, max_seq_len=run.max_len,
                                       anchors_per_pass=run.cfg.anchors, autocast_dtype=run.autocast_dtype,
-                                      cache=run.cache, indices=indices)
+                                      cache=run.cache, indices=indices, vocab=run.vocab)
     summary = BlockMetrics(metrics.block_size, run.ranks.sum(metrics.sums)).summary()
     return {k: summary[k] for k in ("loss", "acc", "tf_tau")}
 

@@ -1,0 +1,72 @@
+"""Training over the proposal vocabulary: the loss the decoder's restricted distribution implies, nothing else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blockdraft.decode.vocab import scatter_logits
+from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, weighted_loss
+from blockdraft.train.trainer import train
+
+from conftest import VOCAB, tiny_target
+from test_trainer import config, write_data
+
+B, S, A, K, D = 2, 20, 4, 5, 8
+
+
+def _case():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB // 2, (B, S), generator=g)  # labels among the lower half of the ids
+    mask = torch.ones(B, S, dtype=torch.long)
+    mask[:, :3] = 0
+    anchors, keep = sample_anchors(mask, A, g)
+    blocks = block_targets(tokens, mask, anchors, keep, K, 4.0)
+    return tokens, blocks, torch.randn(B, A * K, D, generator=g), torch.randn(VOCAB, D, generator=g), \
+        torch.randn(B, S, D, generator=g)
+
+
+def test_the_whole_vocabulary_changes_nothing():
+    _, blocks, hidden, head, teacher = _case()
+    every = torch.arange(VOCAB)
+    for kd in (0.0, 0.5):
+        full, full_hits = weighted_loss(hidden, head, blocks, teacher=teacher, kd_weight=kd)
+        sub, sub_hits = weighted_loss(hidden, head, blocks, teacher=teacher, kd_weight=kd, vocab=every)
+        torch.testing.assert_close(sub, full)
+        assert torch.equal(sub_hits, full_hits)
+
+
+def test_a_subset_gives_the_decoders_restricted_distribution():
+    tokens, blocks, hidden, head, teacher = _case()
+    vocab = batch_vocab(torch.arange(0, VOCAB, 3), tokens)  # every third id, joined with the batch's own ids
+    assert torch.equal(vocab, torch.unique(vocab)) and set(tokens.flatten().tolist()) <= set(vocab.tolist())
+    total, hits = weighted_loss(hidden, head, blocks, teacher=teacher, kd_weight=0.5, vocab=vocab)
+    # What the decoder drafts from: full logits with -inf outside the vocabulary (scatter_logits).
+    w = blocks.weights.reshape(-1)
+    rows = (w > 0).nonzero()[:, 0]
+    logits = scatter_logits((hidden.reshape(-1, D)[rows] @ head.T)[:, vocab], vocab, VOCAB)
+    y = blocks.labels.reshape(-1)[rows]
+    where = (blocks.anchors[..., None] + torch.arange(K) - 1).clamp(min=0) + torch.arange(B)[:, None, None] * S
+    t_logits = scatter_logits((teacher.reshape(B * S, D)[where.reshape(-1)[rows]] @ head.T)[:, vocab], vocab, VOCAB)
+    log_q = logits.log_softmax(-1)
+    ce = -log_q.gather(1, y[:, None])[:, 0]
+    kd = -(t_logits.softmax(-1) * log_q.nan_to_num(neginf=0.0)).sum(-1)
+    torch.testing.assert_close(total, (w[rows] * (0.5 * ce + 0.5 * kd)).sum(), rtol=1e-5, atol=1e-4)
+    assert torch.equal(hits.reshape(-1)[rows], logits.argmax(-1) == y)
+    sub_ce, _ = weighted_loss(hidden, head, blocks, vocab=vocab)
+    assert sub_ce < weighted_loss(hidden, head, blocks)[0], "fewer competing ids: a lower CE"
+
+
+def test_a_label_outside_the_vocabulary_is_refused():
+    _, blocks, hidden, head, _ = _case()
+    with pytest.raises(ValueError, match="outside"):
+        weighted_loss(hidden, head, blocks, vocab=torch.arange(VOCAB // 2, VOCAB))
+    assert batch_vocab(None, torch.zeros(1, 3, dtype=torch.long)) is None
+
+
+def test_training_over_the_proposal_vocabulary(tmp_path):
+    write_data(tmp_path / "data", count=8)
+    out = train(tiny_target("llama"), config(tmp_path, proposal_vocab=True, max_steps=2, log_every=1,
+                                             val_fraction=0.25, eval_every=2))
+    assert (out / "model.safetensors").exists() and (out / "blockdraft_vocab.json").exists()
