@@ -5,9 +5,11 @@ Per optimizer step:
    sequence, cut into micro-batches; anchors are drawn per sequence from (seed, step, dataset index).
 2. Normaliser: W = Σ w over the whole step, all-reduced over ranks before any forward. W = 0: every rank
    skips the step (they all see the same W, so no collective is left waiting).
-3. Micro-batches: a no-grad target forward (or the feature cache) gives the features, standardized when the
-   run asks for it; the draft runs over every block; each
-   micro-batch backpropagates world_size · Σ w·CE / W (DDP averages gradients; it syncs on the last one).
+3. Micro-batches: a no-grad target forward (or the feature cache) gives the features (and, for KD, the
+   teacher's final-normed states), standardized when the run asks for it; the draft runs over every block;
+   each micro-batch backpropagates world_size · Σ w·loss / W, the loss being CE, or mixed with KD, over the
+   full or the proposal vocabulary, with D-PACE factors on w when asked (DDP averages gradients; it syncs on
+   the last one).
 4. Update: clip, AdamW at the warmup-cosine learning rate of this step.
 Then log, evaluate on held-out data, checkpoint (rank 0 writes).
 """
