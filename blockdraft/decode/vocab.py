@@ -68,9 +68,13 @@ def read_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def with_prompt_tokens(ids: torch.Tensor, prompts: list[list[int]]) -> torch.Tensor:
-    """The union of the draft vocabulary ids [N] and every id of the prompts: [N'] sorted, distinct."""
-    extra = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=ids.device)
+def with_prompt_tokens(ids: torch.Tensor, prompts: list[list[int]] | torch.Tensor) -> torch.Tensor:
+    """The union of the draft vocabulary ids [N] and every id of the prompts (lists of ids, or a tensor of ids
+    of any shape): [N'] sorted, distinct."""
+    if isinstance(prompts, torch.Tensor):
+        extra = prompts.reshape(-1).to(ids.device)
+    else:
+        extra = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=ids.device)
     return torch.unique(torch.cat([ids, extra]))
 
 

@@ -18,7 +18,7 @@ import torch
 from ..decode.generate import generate
 from ..metrics import AcceptanceStats
 from .data import Example
-from .forward import BlockForward, autocast, target_features
+from .forward import BlockForward, autocast, split_teacher, target_features
 from .objective import anchor_candidates, batch_vocab, block_targets, block_tau, weighted_loss
 
 
@@ -77,7 +77,8 @@ def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples:
             continue
         if cache is not None:
             # A KD run's cache also holds the teacher states; the held-out metrics are plain CE and accuracy.
-            features = cache.features(tokens, [indices[n]], [tokens.shape[1]])[..., : forward.draft.fc.in_features]
+            features, _ = split_teacher(cache.features(tokens, [indices[n]], [tokens.shape[1]]),
+                                        forward.draft.fc.in_features)
         else:
             features = target_features(target, tokens, forward.draft.config.target_layer_ids)
         for start in range(0, candidates.numel(), anchors_per_pass):

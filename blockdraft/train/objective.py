@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..decode.vocab import with_prompt_tokens
 from ..model.layers import AnchoredBlocks
 
 
@@ -212,7 +213,7 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
 def batch_vocab(vocab: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor | None:
     """The proposal vocabulary [N] joined with every id of tokens [B, S] (their prompts' ids, as the decoder adds
     a request's prompt ids; padding ids are harmless extras): the ids a training step scores. None stays None."""
-    return None if vocab is None else torch.unique(torch.cat([vocab, tokens.reshape(-1)]))
+    return None if vocab is None else with_prompt_tokens(vocab, tokens)
 
 
 def block_tau(hits: torch.Tensor) -> torch.Tensor:
