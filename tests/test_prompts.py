@@ -1,5 +1,6 @@
 """Prompt sets: pinned files, readers, user files, extracts, and the wall between benchmarks and training."""
 
+import ast
 import functools
 import importlib.util
 import json
@@ -15,7 +16,7 @@ from blockdraft.prompts import (
     load_prompts,
     training_prompts,
 )
-from blockdraft.prompts.readers import read_records
+from blockdraft.prompts.readers import main_solution_stub, read_records
 from blockdraft.prompts.registry import file_sha256, package_root, verified_file
 
 # Record counts and sha256 prefixes as DATA.md §4 states them, kept apart from the registry so a typo in
@@ -30,6 +31,7 @@ EXPECTED = {
     "sharegpt": (17671, "99af0276a84059ec"),
     "codeio": (3002, "a088810cf4d02027"),
     "codeio-hq": (2750, "7f2effca40d6412d"),
+    "codeio-functions": (3002, "a088810cf4d02027"),  # codeio's file, posed as functions to implement
 }
 
 
@@ -114,9 +116,34 @@ def test_training_prompts_refuses_benchmark_and_reserved_sets(name):
 def test_default_training_sets_are_training_role():
     need("healthbench", "codeio", "sharegpt")
     prompts = training_prompts(limit_per_set=5)
-    assert len(prompts) == 15
-    assert {p.set for p in prompts} == {"healthbench", "codeio", "sharegpt"}
+    assert len(prompts) == 20
+    assert {p.set for p in prompts} == {"healthbench", "codeio", "codeio-functions", "sharegpt"}
     assert not {p.set for p in prompts} & set(benchmark_set_names())
+
+
+def test_main_solution_stub_keeps_imports_and_signature_only():
+    code = ("import math\nfrom typing import List\n\nclass Helper:\n    def main_solution(self):\n        pass\n\n"
+            "def main_solution(xs: List[int], k=2, *rest, flag=False):\n    total = sum(xs)\n    return total\n")
+    assert main_solution_stub(code) == ("import math\nfrom typing import List\n"
+                                        "def main_solution(xs: List[int], k=2, *rest, flag=False):")
+    assert main_solution_stub("def solve(x):\n    return x\n") is None  # no top-level main_solution
+    assert main_solution_stub("def main_solution(:\n") is None  # not Python
+
+
+def test_codeio_functions_are_valid_stubs_without_the_reference_body():
+    need("codeio-functions")
+    spec = PROMPT_SETS["codeio-functions"]
+    records = list(read_records(spec, verified_file(spec)[0]))
+    prompts = load_set("codeio-functions")
+    assert len(prompts) == len(records), "every codeio sample defines main_solution at the top level"
+    for prompt in prompts:
+        record = records[int(prompt.id)]
+        text = prompt.messages[-1]["content"]
+        code = text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+        tree = ast.parse(code)  # the quoting and indentation of the docstring hold
+        function = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+        assert function.name == "main_solution" and len(function.body) == 1  # the docstring, no reference body
+        assert record["task_description"].strip().split("\n")[0].replace('"""', "'''") in code
 
 
 @pytest.mark.parametrize("name", ["arena-hard", "ifbench"])

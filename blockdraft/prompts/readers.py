@@ -6,8 +6,10 @@ start mid-conversation). Messages are plain `{"role", "content"}` dicts, the sha
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -116,6 +118,34 @@ def _codeio(r: dict, index: int):
     return str(index), user(text)
 
 
+def main_solution_stub(code: str) -> str | None:
+    """The module imports and `def main_solution(...):` line of a CodeI/O code sample; None when it has none.
+
+    Only the signature is kept: the body is what the target is asked to write.
+    """
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    imports = [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "main_solution":
+            return "\n".join(imports + [f"def main_solution({ast.unparse(node.args)}):"])
+    return None
+
+
+def _codeio_function(r: dict, index: int):
+    # The same tasks as a function to write rather than code to read: main_solution's signature with the task
+    # as its docstring, so the target answers in Python. A sample without a top-level main_solution gives none.
+    stub = main_solution_stub(r["code_sample"])
+    if stub is None:
+        return None
+    quotes = '"""'
+    doc = "\n\n".join(r[k].strip() for k in ("task_description", "input_output_spec")).replace(quotes, "'''")
+    body = textwrap.indent(f"{quotes}{doc}\n{quotes}", "    ")
+    return str(index), user(f"Implement this Python function:\n```python\n{stub}\n{body}\n```")
+
+
 # set name -> record, index -> (id, messages) or None
 CONVERTERS: dict[str, Callable[[dict, int], tuple[str, Messages] | None]] = {
     "humaneval": lambda r, i: _humaneval(r),
@@ -127,6 +157,7 @@ CONVERTERS: dict[str, Callable[[dict, int], tuple[str, Messages] | None]] = {
     "sharegpt": lambda r, i: _sharegpt(r),
     "codeio": _codeio,
     "codeio-hq": _codeio,
+    "codeio-functions": _codeio_function,
 }
 
 

@@ -87,6 +87,8 @@ _SETS = (
               "unclear"),
     _codeio("codeio", "data/codeio.jsonl.gz", "jsonl.gz", 3002, "a088810cf4d02027"),
     _codeio("codeio-hq", "data/codeio-hq.jsonl.gz", "json.gz", 2750, "7f2effca40d6412d"),
+    # The codeio file again, each task posed as a function to implement (readers.py): code-writing data.
+    _codeio("codeio-functions", "data/codeio.jsonl.gz", "jsonl.gz", 3002, "a088810cf4d02027"),
 )
 
 PROMPT_SETS: dict[str, PromptSet] = {s.name: s for s in _SETS}
