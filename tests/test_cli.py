@@ -106,3 +106,10 @@ def test_train_refuses_bad_kd_settings(folders, capsys, tmp_path, extra, word):
     code, _, err = run(capsys, "train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--target", target,
                        *extra)
     assert code == 2 and word in err, err
+
+
+def test_train_takes_several_data_folders_but_not_one_twice(folders, capsys, tmp_path):
+    target, _ = folders
+    code, _, err = run(capsys, "train", "--data", str(tmp_path), "--data", str(tmp_path / "."), "--out",
+                       str(tmp_path / "run"), "--target", target)
+    assert code == 2 and "twice" in err, err

@@ -76,6 +76,6 @@ def test_dpace_training_runs_and_refuses_bad_settings(tmp_path):
     out = train(tiny_target("llama"), config(tmp_path, weighting="dpace", max_steps=2, log_every=1))
     assert (out / "model.safetensors").exists()
     with pytest.raises(Exception, match="weighting"):
-        TrainConfig(data_dir=tmp_path, out_dir=tmp_path, weighting="linear")
+        TrainConfig(data_dirs=tmp_path, out_dir=tmp_path, weighting="linear")
     with pytest.raises(Exception, match="dpace_alpha"):
-        TrainConfig(data_dir=tmp_path, out_dir=tmp_path, weighting="dpace", dpace_alpha=1.5)
+        TrainConfig(data_dirs=tmp_path, out_dir=tmp_path, weighting="dpace", dpace_alpha=1.5)

@@ -45,7 +45,7 @@ def write_data(folder: Path, count: int = 12, seed: int = 0, period: int = 5, em
 
 
 def config(tmp_path: Path, name: str = "out", **overrides) -> TrainConfig:
-    values = dict(data_dir=tmp_path / "data", out_dir=tmp_path / name, num_draft_layers=2, block_size=8, anchors=6,
+    values = dict(data_dirs=tmp_path / "data", out_dir=tmp_path / name, num_draft_layers=2, block_size=8, anchors=6,
                   max_seq_len=48, lr=2e-3, epochs=2, batch_size=4, save_every=1000, eval_every=1000, log_every=2,
                   val_fraction=0.0, mask_token_id=MASK)
     values.update(overrides)
@@ -243,7 +243,7 @@ def test_val_folder_is_the_held_out_set(tmp_path):
     write_data(tmp_path / "data" / "val", count=3, seed=5)
     out = train(tiny_target("llama"), config(tmp_path, max_steps=2, eval_every=2))
     val = [json.loads(line) for line in open(out.parent / "metrics.jsonl") if '"val"' in line]
-    assert len(val) == 1 and val[0]["tf_tau"] is not None, "data_dir/val/ must be evaluated even at val_fraction 0"
+    assert len(val) == 1 and val[0]["tf_tau"] is not None, "data/val/ must be evaluated even at val_fraction 0"
 
 
 class Killed(Exception):
@@ -277,6 +277,47 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, standardize):
         train(tiny_target("llama"), config(tmp_path, "resumed", **{**common, "lr": 1e-3}))
     with pytest.raises(InputError, match="resume"):
         train(tiny_target("llama"), config(tmp_path, "resumed", **{**common, "resume": False}))
+    assert state["data"]["examples"] == 12
+    (tmp_path / "data" / "data-00000.jsonl").rename(tmp_path / "data" / "data-00001.jsonl")
+    write_data(tmp_path / "more", count=3, seed=9)
+    (tmp_path / "more" / "data-00000.jsonl").rename(tmp_path / "data" / "data-00000.jsonl")
+    with pytest.raises(InputError, match="12 examples .* 15 other or reordered examples"):
+        train(tiny_target("llama"), config(tmp_path, "resumed", **common))
+
+
+def test_several_data_folders_train_as_one_set_in_order(tmp_path):
+    write_data(tmp_path / "a", count=6, seed=0)
+    write_data(tmp_path / "b", count=6, seed=3)
+    joined = tmp_path / "joined"
+    joined.mkdir()
+    for index, name in enumerate("ab"):
+        (joined / f"data-{index:05d}.jsonl").write_text((tmp_path / name / "data-00000.jsonl").read_text())
+    common = dict(max_steps=3, log_every=1, val_fraction=0.2)
+    two = train(tiny_target("llama"), config(tmp_path, "two", data_dirs=[tmp_path / "a", tmp_path / "b"], **common))
+    one = train(tiny_target("llama"), config(tmp_path, "one", data_dirs=joined, **common))
+    a, b = tensors(two.parent / "checkpoint" / "model.safetensors"), tensors(one.parent / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "two folders must train as their join"
+    swapped = train(tiny_target("llama"), config(tmp_path, "ba", data_dirs=[tmp_path / "b", tmp_path / "a"], **common))
+    c = tensors(swapped.parent / "checkpoint" / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a), "the folders' order must be the examples' order"
+    state = json.loads((two.parent / "checkpoint" / "trainer_state.json").read_text())
+    assert state["data"]["folders"] == f"{tmp_path / 'a'}, {tmp_path / 'b'}" and state["data"]["examples"] == 12
+    with pytest.raises(ConfigError, match="names .* twice"):
+        config(tmp_path, data_dirs=[tmp_path / "a", tmp_path / "b", tmp_path / "x" / ".." / "a"])
+    with pytest.raises(ConfigError, match="at least one data folder"):
+        config(tmp_path, data_dirs=[])
+
+
+def test_a_val_folder_in_any_data_folder_is_held_out(tmp_path):
+    write_data(tmp_path / "a", count=6)
+    write_data(tmp_path / "b", count=6, seed=2)
+    write_data(tmp_path / "b" / "val", count=3, seed=5)
+    out = train(tiny_target("llama"), config(tmp_path, data_dirs=[tmp_path / "a", tmp_path / "b"],
+                                             eval_every=3, epochs=1))
+    state = json.loads((out.parent / "checkpoint" / "trainer_state.json").read_text())
+    assert state["total_steps"] == 3, "all 12 examples of both folders train (batch 4), the 3 of b/val/ do not"
+    val = [json.loads(line) for line in open(out.parent / "metrics.jsonl") if '"val"' in line]
+    assert len(val) == 1 and val[0]["tf_tau"] is not None
 
 
 def test_learns_a_repetitive_dataset(tmp_path):

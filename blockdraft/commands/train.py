@@ -7,7 +7,8 @@ from ..io.targets import load_target, parse_dtype
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--data", required=True, help="folder written by `blockdraft data`")
+    parser.add_argument("--data", action="append", required=True,
+                        help="folder written by `blockdraft data`; repeat to train on several as one set, in order")
     parser.add_argument("--out", required=True, help="run folder: checkpoint/, draft/, metrics.jsonl, curves.png")
     parser.add_argument("--layers", type=int, default=5, help="draft layers (1-8)")
     parser.add_argument("--block-size", type=int, default=16)
@@ -60,7 +61,7 @@ def run(args) -> int:
     kd_weight = 0.0 if args.loss == "ce" else 1.0 if args.kd_weight is None else args.kd_weight
     ids = tuple(int(i) for i in args.target_layer_ids.split(",")) if args.target_layer_ids else None
     cfg = TrainConfig(
-        data_dir=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
+        data_dirs=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
         gamma=args.gamma, anchors=args.anchors, max_seq_len=args.max_seq_len, lr=args.lr, epochs=args.epochs,
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.max_steps,
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,

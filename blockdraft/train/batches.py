@@ -14,7 +14,9 @@ Shapes: B sequences, S padded length, A anchors, K block size, L*D tapped featur
 from __future__ import annotations
 
 import hashlib
+from array import array
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,23 +46,36 @@ def split_heldout(count: int, fraction: float, seed: int) -> tuple[list[int], li
     return sorted(order[held:]), sorted(order[:held])
 
 
-def load_split(data_dir: str | Path, val_fraction: float, seed: int) -> tuple[list[Example], list[int], list[int]]:
-    """All examples, with the train and held-out index lists the trainer uses (`blockdraft eval` reuses them).
+def load_split(data_dirs: str | Path | Sequence[str | Path], val_fraction: float,
+               seed: int) -> tuple[list[Example], list[int], list[int]]:
+    """All examples of one or more data folders (in the order given), with the train and held-out index lists.
 
-    A `val/` folder of shards inside data_dir is the held-out set; otherwise `split_heldout`.
+    The held-out set is the `val/` shards of the folders that have them; when none has, a seeded random
+    `val_fraction` of all examples (`split_heldout`).
     """
-    data_dir = Path(data_dir)
-    examples = read_examples(data_dir)
-    val_folder = data_dir / "val"
-    if data_dir.is_dir() and any(val_folder.glob("data-*.jsonl")):
-        held = read_examples(val_folder)
+    folders = [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(f) for f in data_dirs]
+    examples = [e for folder in folders for e in read_examples(folder)]
+    val_folders = [f / "val" for f in folders if f.is_dir() and any((f / "val").glob("data-*.jsonl"))]
+    if val_folders:
+        held = [e for folder in val_folders for e in read_examples(folder)]
         train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
         examples = examples + held
     else:
         train_indices, val_indices = split_heldout(len(examples), val_fraction, seed)
     if not train_indices:
-        raise InputError(f"{data_dir} holds no training examples; build data with `blockdraft data`")
+        where = ", ".join(str(f) for f in folders)
+        raise InputError(f"{where} holds no training examples; build data with `blockdraft data`")
     return examples, train_indices, val_indices
+
+
+def data_fingerprint(examples: list[Example]) -> str:
+    """sha256 of every example's id, tokens and loss mask, in order: what a resumed run must find again."""
+    digest = hashlib.sha256()
+    for example in examples:
+        digest.update(example.id.encode() + b"\0")
+        digest.update(array("q", example.input_ids).tobytes())
+        digest.update(bytes(example.loss_mask))
+    return digest.hexdigest()
 
 
 def epoch_batches(train_indices: list[int], epoch: int, batch_size: int, seed: int) -> list[list[int]]:

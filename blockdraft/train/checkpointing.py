@@ -3,7 +3,8 @@
 `out/checkpoint/` holds
 - `config.json` + `model.safetensors`: the draft's fp32 master weights (a loadable draft folder as well);
 - `trainer_state.safetensors`: the AdamW state, flattened to `<parameter name>.<exp_avg|exp_avg_sq|step>`;
-- `trainer_state.json`: step, epoch, position in the epoch, schedule, seeds and the run's TrainConfig;
+- `trainer_state.json`: step, epoch, position in the epoch, schedule, seeds, the data's fingerprint (a resume
+  refuses other data) and the run's TrainConfig;
 - `trainer_weights.safetensors` (standardized-feature runs only): the trained weights that differ from the
   exported ones (fc' = fc · diag(s)), bit for bit, so that a resumed run continues exactly.
 Only safetensors and JSON: nothing is pickled. Data order and anchors are functions of (seed, epoch, step,

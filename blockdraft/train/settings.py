@@ -11,7 +11,7 @@ from ..config import gamma_for_block_size
 from ..errors import ConfigError
 
 # Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
-OPERATIONAL_FIELDS = ("data_dir", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features")
+OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features")
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class TrainConfig:
     """One training run (TRAINING.md §1 defaults). batch_size counts sequences per optimizer step, all ranks
     together; micro_batch_size is per rank (None: the rank's whole share at once)."""
 
-    data_dir: Path
+    data_dirs: tuple[Path, ...]  # one `blockdraft data` folder, or several read as one set in this order
     out_dir: Path
     num_draft_layers: int = 5
     block_size: int = 16
@@ -37,7 +37,7 @@ class TrainConfig:
     save_every: int = 500
     eval_every: int = 500
     log_every: int = 10
-    val_fraction: float = 0.02  # held out at random, unless data_dir/val/ has its own shards
+    val_fraction: float = 0.02  # held out at random, unless a data folder has its own val/ shards
     seed: int = 0
     dtype: str = "bfloat16"  # autocast compute dtype; master weights and optimizer state stay fp32
     cpu_autocast: bool = False  # CPU runs in fp32 unless this is set
@@ -55,9 +55,11 @@ class TrainConfig:
     proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py), plus each batch's
 
     def __post_init__(self) -> None:
-        for name in ("data_dir", "out_dir", "init_from"):
+        for name in ("out_dir", "init_from"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
+        folders = (self.data_dirs,) if isinstance(self.data_dirs, (str, Path)) else tuple(self.data_dirs)
+        object.__setattr__(self, "data_dirs", tuple(Path(folder) for folder in folders))
         if self.target_layer_ids is not None:
             object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
         problems = [f"`{name}` must be an integer >= {low}, got {getattr(self, name)!r}"
@@ -76,6 +78,7 @@ class TrainConfig:
                   ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
                   ("dtype", self.dtype in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32")]
         problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
+        problems += _data_problems(self.data_dirs)
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")
         if self.gamma is None:
@@ -101,6 +104,20 @@ class TrainConfig:
         """The fields that define the run's result, as JSON values (stored with every checkpoint)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in OPERATIONAL_FIELDS}
         return {k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def _data_problems(folders: tuple[Path, ...]) -> list[str]:
+    """An empty list, or a folder named twice (its examples would count double)."""
+    if not folders:
+        return ["`data_dirs` must name at least one data folder"]
+    seen: dict[Path, Path] = {}
+    problems = []
+    for folder in folders:
+        key = folder.resolve()
+        if key in seen:
+            problems.append(f"`data_dirs` names {seen[key]} twice (as {folder}); its examples would count double")
+        seen.setdefault(key, folder)
+    return problems
 
 
 def _int_at_least(value, low: int) -> bool:

@@ -35,7 +35,7 @@ from ..decode.vocab import emitted_tokens, write_vocab
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
-from .batches import epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
+from .batches import data_fingerprint, epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
 from .checkpointing import (latest_checkpoint, load_training_state, read_trained_tensors, read_training_state,
                             save_training_state)
 from .data import Example
@@ -105,6 +105,7 @@ class Run:
     batches: dict = field(default_factory=dict)
     cache: FeatureCache | None = None
     vocab: torch.Tensor | None = None  # [N] the proposal vocabulary the head is limited to (proposal_vocab)
+    data_sha256: str = ""  # `data_fingerprint` of the examples: a resume must find the same data
 
     @property
     def device(self) -> torch.device:
@@ -122,7 +123,7 @@ class Run:
 
 
 def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> Path:
-    """Train a draft for `target` on `cfg.data_dir`; returns the final draft folder `cfg.out_dir/draft`.
+    """Train a draft for `target` on `cfg.data_dirs`; returns the final draft folder `cfg.out_dir/draft`.
 
     `on_step(step)` is called on every rank after each optimizer step (and its logging and checkpoint).
     """
@@ -146,9 +147,9 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
 def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, MetricsLog | None]:
     """Refuse bad inputs, build the draft and optimizer, and restore a checkpoint: all before any step."""
     freeze_target(target)
-    examples, train_indices, val_indices = load_split(cfg.data_dir, cfg.val_fraction, cfg.seed)
+    examples, train_indices, val_indices = load_split(cfg.data_dirs, cfg.val_fraction, cfg.seed)
     draft_cfg, draft = _build_draft(target, cfg)
-    _check_data(examples, draft_cfg, cfg.data_dir)
+    _check_data(examples, draft_cfg, _folders(cfg))
     forward = BlockForward(draft, target)
     if cfg.standardize_features:
         scale = _measure_scale(target, examples, train_indices, draft_cfg, cfg)
@@ -161,7 +162,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     use_autocast = cfg.dtype != "float32" and (target.device.type != "cpu" or cfg.cpu_autocast)
     autocast_dtype = parse_dtype(cfg.dtype) if use_autocast else None
     run = Run(cfg, target, ranks, examples, train_indices, val_indices, draft_cfg, forward, forward, optimizer,
-              names, head_weight(target, autocast_dtype or torch.float32), autocast_dtype, total)
+              names, head_weight(target, autocast_dtype or torch.float32), autocast_dtype, total,
+              data_sha256=data_fingerprint(examples))
     resume_step = _restore(run)
     if ranks.world > 1:
         device_ids = [target.device.index] if target.device.type == "cuda" else None
@@ -223,7 +225,7 @@ def _check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
                           "set the training options to the draft's values")
 
 
-def _check_data(examples: list[Example], draft_cfg: DraftConfig, where: Path) -> None:
+def _check_data(examples: list[Example], draft_cfg: DraftConfig, where: str) -> None:
     """Refuse a mask id that occurs in the data (TRAINING.md §5.6) and ids outside the embedding."""
     for example in examples:
         ids = set(example.input_ids)
@@ -252,12 +254,28 @@ def _restore(run: Run) -> int | None:
     if changed:
         raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
                           f"({ {k: stored[k] for k in changed} }); use the same settings or a new out_dir")
+    _check_same_data(folder, state.get("data"), run)
     load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
     if run.forward.scale is not None:  # the checkpoint's draft is the exported one; fc' comes bit-exact
         run.forward.load_trained_state(read_trained_tensors(folder))
     run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
     run.skipped = state.get("skipped", 0)
     return run.step
+
+
+def _check_same_data(folder: Path, stored: dict | None, run: Run) -> None:
+    """Refuse to resume on other data: the step's batches are indices into the examples, so they would change."""
+    if stored is None:  # written before checkpoints recorded their data
+        return
+    if stored["sha256"] != run.data_sha256:
+        raise InputError(f"cannot resume {folder}: it was trained on {stored['examples']} examples from "
+                         f"{stored['folders']}, and {_folders(run.cfg)} now hold {len(run.examples)} other or "
+                         "reordered examples; pass the same --data folders in the same order, unchanged, or use a "
+                         "new out_dir (with --init-from to continue from its draft)")
+
+
+def _folders(cfg: TrainConfig) -> str:
+    return ", ".join(str(folder) for folder in cfg.data_dirs)
 
 
 def _lr(run: Run, step: int) -> float:
@@ -349,6 +367,7 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
                  "scheduler": {"kind": "linear warmup, cosine", "lr": _lr(run, step - 1),
                                "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
                  "rng": {"seed": cfg.seed, "order": "sha256(seed, epoch)", "anchors": "sha256(seed, step, index)"},
+                 "data": {"folders": _folders(cfg), "examples": len(run.examples), "sha256": run.data_sha256},
                  "config": cfg.run_fields()}
         save_training_state(cfg.out_dir, run.draft_cfg, run.forward.export_state(), run.optimizer, run.names, state,
                             trained=run.forward.trained_state())
@@ -372,7 +391,7 @@ def _finish(run: Run, log: MetricsLog | None) -> Path:
         write_checkpoint(folder, run.draft_cfg, run.forward.export_state(), dtype=torch.bfloat16)
         # The ids the target emitted in the training responses: the draft's default proposal vocabulary.
         write_vocab(folder, emitted_tokens(run.examples), run.target.lm_head.weight.shape[0],
-                    source=f"response tokens of {len(run.examples)} training examples in {run.cfg.data_dir}")
+                    source=f"response tokens of {len(run.examples)} training examples in {_folders(run.cfg)}")
         if log is not None and log.records:
             plot_curves(log.records, run.cfg.out_dir / "curves.png")
     return folder
