@@ -8,6 +8,8 @@ got to propose k), i.e. steps with tau > k over steps that reached slot k (tau >
 
 A step may verify fewer than K slots (an adaptive width; width 1 is a plain target step that proposes
 nothing): tau still counts its tokens, the histogram its tau, and `plain_steps` how many proposed nothing.
+`lookup_steps` counts the steps whose proposals came from a prompt lookup (decode/lookup.py), not the draft:
+tau and the per-position rates pool both sources.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class AcceptanceStats:
     slot_reached: list[int] = field(default_factory=list)  # [K-1]: steps that reached slot k = 1..K-1
     slot_accepted: list[int] = field(default_factory=list)  # [K-1]: steps that accepted slot k
     plain_steps: int = 0  # steps of width 1: no proposal, the target's own step
+    lookup_steps: int = 0  # steps that verified a prompt-lookup block instead of the draft's
 
     def __post_init__(self) -> None:
         if not self.histogram:
@@ -33,13 +36,14 @@ class AcceptanceStats:
             self.slot_reached = [0] * (self.block_size - 1)
             self.slot_accepted = [0] * (self.block_size - 1)
 
-    def record(self, tau: int, width: int | None = None) -> None:
+    def record(self, tau: int, width: int | None = None, lookup: bool = False) -> None:
         """Count one verify step of one row that committed `tau` tokens from a block of `width` slots
-        (anchor included; None: the full block)."""
+        (anchor included; None: the full block), proposed by a prompt lookup when `lookup`."""
         width = self.block_size if width is None else width
         self.histogram[tau - 1] += 1
         self.tokens += tau
         self.plain_steps += width == 1
+        self.lookup_steps += lookup and width > 1
         for k in range(1, min(tau, width - 1) + 1):  # slots 1..min(tau, w-1) were reached
             self.slot_reached[k - 1] += 1
             self.slot_accepted[k - 1] += tau > k
@@ -53,7 +57,7 @@ class AcceptanceStats:
             size, add(self.histogram, other.histogram, size), self.tokens + other.tokens,
             self.seconds + other.seconds, self.new_tokens + other.new_tokens,
             add(self.slot_reached, other.slot_reached, size - 1), add(self.slot_accepted, other.slot_accepted, size - 1),
-            self.plain_steps + other.plain_steps,
+            self.plain_steps + other.plain_steps, self.lookup_steps + other.lookup_steps,
         )
 
     @property
@@ -80,6 +84,7 @@ class AcceptanceStats:
             "tau_histogram": list(self.histogram),
             "per_position_acceptance": [round(r, 4) for r in self.per_position_acceptance()],
             "plain_steps": self.plain_steps,
+            "lookup_steps": self.lookup_steps,
             "new_tokens": self.new_tokens,
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),

@@ -11,6 +11,7 @@ from blockdraft.metrics import AcceptanceStats
 
 from conftest import ScriptedDrafter, tiny_draft, tiny_target
 from test_sampling_decode import CyclingWidth
+from test_lookup import AlternatingLookup
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 
@@ -110,8 +111,9 @@ def test_join_pending_appends_each_rows_entries():
     assert joined[0, :3, 0].tolist() == [1, 2, 3] and joined[1, :3, 0].tolist() == [5, 6, 7]
 
 
-def test_draft_context_after_plain_steps_equals_a_fresh_one():
-    """Plain steps defer the draft's context; the next proposal must see exactly the committed prefix."""
+@pytest.mark.parametrize("with_lookup", [False, True], ids=["plain-steps", "plain-and-lookup-steps"])
+def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
+    """Plain and lookup steps defer the draft's context; the next proposal must see exactly the committed prefix."""
     from blockdraft.decode.drafter import Drafter
 
     target = tiny_target("llama")
@@ -137,6 +139,8 @@ def test_draft_context_after_plain_steps_equals_a_fresh_one():
 
     base = generate(target, None, PROMPTS[:1], max_new_tokens=40, stop_token_ids=[])[0]
     committed = [PROMPTS[0] + base.tokens]
+    lookup = AlternatingLookup(8) if with_lookup else False
     out = generate(target, Checked(draft, target), PROMPTS[:1], max_new_tokens=30, stop_token_ids=[],
-                   adaptive=CyclingWidth(8))[0]
+                   adaptive=CyclingWidth(8), lookup=lookup)[0]
     assert out.tokens == base.tokens[:30] and len(checked) >= 3 and out.stats.plain_steps >= 2
+    assert out.stats.lookup_steps >= 2 if with_lookup else out.stats.lookup_steps == 0

@@ -18,6 +18,7 @@ from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .drafter import Drafter
+from .lookup import PromptLookup
 from .policy import make_policy
 from .selection import Selector
 from .state import DecodeState
@@ -82,6 +83,7 @@ def stream(
     selector: Selector | None = None,
     stats: list[AcceptanceStats] | None = None,
     adaptive: bool = False,
+    lookup: bool | PromptLookup = False,
     drop: Callable[[], Iterable[int]] | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
@@ -92,7 +94,9 @@ def stream(
 
     `stats`, when given, receives one AcceptanceStats per prompt (filled in place). `adaptive` lets each
     step verify the number of proposals that currently pays best, down to none (policy.py): the output is
-    unchanged, the speed never far below the target alone's.
+    unchanged, the speed never far below the target alone's. `lookup` (True, or a PromptLookup to keep its
+    measurements across calls) lets a step verify a block continued from an earlier occurrence of the row's
+    last tokens instead of the draft's, when that pays more (lookup.py); the output is unchanged again.
     """
     drafter = as_drafter(target, draft, block_size)
     K = drafter.block_size if drafter else 1
@@ -106,11 +110,11 @@ def stream(
     if drafter is not None:
         drafter.start(len(prompts), capacity, prompts)
     policy = make_policy(K, adaptive) if drafter is not None else None
-    run = prefill
-    while state.batch:
-        for row, tokens in run(state, target, drafter, selector, stats, policy):
+    finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
+    events = prefill(state, target, drafter, selector, stats, policy)
+    while True:
+        for row, tokens in events:
             yield StreamEvent(row, tokens, state.results[row].finish_reason)
-        run = step
         if drop is not None:
             state.drop(drop())
         live = state.live_rows()
@@ -119,10 +123,13 @@ def stream(
             state.target_cache.keep_rows(live)
             if drafter is not None:
                 drafter.keep_rows(live)
+        if not state.batch:
+            return
+        events = step(state, target, drafter, selector, stats, policy, finder)
 
 
 def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None,
-             adaptive=False):
+             adaptive=False, lookup=False):
     """Decode every prompt to completion; one GenerationResult per prompt, in order."""
     drafter = as_drafter(target, draft, block_size)
     stats = [AcceptanceStats(drafter.block_size if drafter else 1) for _ in prompts]
@@ -130,7 +137,8 @@ def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, sto
     reasons: list[str] = ["length"] * len(prompts)
     start = time.perf_counter()
     for event in stream(target, drafter, prompts, max_new_tokens=max_new_tokens,
-                        stop_token_ids=stop_token_ids, selector=selector, stats=stats, adaptive=adaptive):
+                        stop_token_ids=stop_token_ids, selector=selector, stats=stats, adaptive=adaptive,
+                        lookup=lookup):
         tokens[event.row].extend(event.tokens)
         if event.finish_reason is not None:
             reasons[event.row] = event.finish_reason
@@ -138,6 +146,13 @@ def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, sto
     for s, t in zip(stats, tokens):
         s.seconds, s.new_tokens = elapsed, len(t)
     return [GenerationResult(t, r, s) for t, r, s in zip(tokens, reasons, stats)]
+
+
+def make_lookup(block_size: int, lookup) -> PromptLookup | None:
+    """lookup: False (none), True (a fresh PromptLookup), or a PromptLookup, used as is."""
+    if isinstance(lookup, PromptLookup):
+        return lookup
+    return PromptLookup(block_size) if lookup else None
 
 
 def _as_list(budget, count: int) -> list[int]:

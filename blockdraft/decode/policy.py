@@ -95,6 +95,13 @@ class AdaptiveWidth:
             return ranked[1]
         return ranked[0]
 
+    def best_rate(self) -> float | None:
+        """The best expected tokens per second over the widths (None until every width has been timed)."""
+        if any(w not in self.seconds for w in self.widths):
+            return None
+        gain = expected_tokens(self.alpha())
+        return max(float(gain[w - 1]) / self.seconds[w] for w in self.widths)
+
     def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
         """One step of `width` took `seconds`; row r accepted num_accepted[r] of its width-1 proposals."""
         self.steps += 1

@@ -70,6 +70,12 @@ class Selector:
         q = logits_to_probs(draft_logits, self.params)
         return sample(q, self._rows(row_ids)).to(anchors.device), q
 
+    def point_mass(self, proposals: torch.Tensor, vocab_size: int):
+        """Fixed proposals [B, n] (a lookup block): themselves and their q, one-hot [B, n, V] (None when greedy)."""
+        if self.params.greedy:
+            return proposals, None
+        return proposals, torch.nn.functional.one_hot(proposals, vocab_size).float()
+
     def accept(self, target_logits, draft_probs, proposals, row_ids):
         """Number of accepted proposals [B] and the target's own token at slot a [B] (bonus or replacement)."""
         if self.params.greedy:

@@ -49,10 +49,11 @@ class DecodeState:
         return self.tokens.gather(1, positions[:, None])[:, 0], positions
 
     def commit(self, candidates: torch.Tensor, counts: torch.Tensor, stats: list[AcceptanceStats] | None,
-               width: int | None = None):
+               width: int | None = None, lookup: bool = False):
         """Append the first counts[b] of candidates [B, C] to each row; returns [(row_id, new_tokens)].
 
-        `width` is the verify width of the step (None: the prefill, not counted in tau).
+        `width` is the verify width of the step (None: the prefill, not counted in tau); `lookup`, whether its
+        proposals came from a prompt lookup.
 
         Tokens past a stop token or past the row's budget are computed but not returned, and end the row.
         Lengths advance by the full count: the row is finished then, so its state is never read again.
@@ -66,7 +67,7 @@ class DecodeState:
         for b, (row, n, new) in enumerate(zip(self.row_ids.tolist(), counts.tolist(), candidates.tolist())):
             result = self.results[row]
             if stats is not None:
-                stats[row].record(n, width)
+                stats[row].record(n, width, lookup)
             new = new[: min(n, self.budgets[row] - len(result.tokens))]
             for i, token in enumerate(new):
                 if token in self.stop_ids:

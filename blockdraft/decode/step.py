@@ -11,6 +11,7 @@ import torch
 
 from ..model.target import Target
 from .drafter import Drafter
+from .lookup import PromptLookup
 from .selection import Selector
 from .state import DecodeState
 
@@ -30,25 +31,35 @@ def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selecto
 
 
 def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats,
-         policy=None):
-    """Draft, verify, accept, roll back; returns [(row_id, new_tokens)] for the caller to stream.
+         policy=None, lookup: PromptLookup | None = None):
+    """Draft (or look up), verify, accept, roll back; returns [(row_id, new_tokens)] for the caller to stream.
 
     `policy` (see policy.py) picks the verify width w <= K of this step and is told how it went; without one
-    every step verifies the full block.
+    every step verifies the full block. `lookup` (lookup.py), when given, may take the step instead: a block
+    continued from an earlier occurrence of each row's last tokens, at the width of its own policy.
     """
     started = time.perf_counter()
     anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
-    width = 1 if drafter is None else policy.choose() if policy is not None else drafter.block_size
+    found = lookup.propose(state.tokens, state.lengths) if lookup is not None and drafter is not None else None
+    use_lookup = found is not None and lookup.preferred_over(policy)
+    chooser = lookup.policy if use_lookup else policy
+    width = 1 if drafter is None else chooser.choose() if chooser is not None else drafter.block_size
 
     # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block (the
     #    draft runs all K slots, as trained; the head scores only the w-1 proposals this step verifies). A plain
     #    step (w = 1) leaves the draft alone: its pending positions wait for the next drafted step, fed at once.
-    if width > 1:
+    #    So does a lookup step, whose proposals are the looked-up tokens (no longer than the longest match).
+    drafted = width > 1 and not use_lookup
+    if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
+        proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids)  # [B, w-1], [B, w-1, V]
+    elif width > 1:
+        width = min(width, 1 + int(found[1].max()))
+        proposals, draft_probs = selector.point_mass(found[0][:, : width - 1], target.lm_head.weight.shape[0])
+        lookup.steps += 1
     else:  # target alone, or a plain step: an empty block, the same path as the exactness oracle
-        draft_logits = None
-    proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids)  # [B, K-1], [B, K-1, V]
+        proposals, draft_probs = selector.propose(None, anchors, state.row_ids)  # [B, 0], None
 
     # 2. Verify: the target scores [anchor, d1..d(K-1)] at positions s..s+K-1 in one forward.
     block = torch.cat([anchors[:, None], proposals], dim=1)  # [B, K]
@@ -62,15 +73,15 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     num_accepted, target_token = selector.accept(out.logits, draft_probs, proposals, state.row_ids)  # [B], [B]
     committed = torch.cat([proposals, target_token[:, None]], dim=1)  # [B, K]
     committed.scatter_(1, num_accepted[:, None], target_token[:, None])  # slot a holds the target's token
-    events = state.commit(committed, num_accepted + 1, stats, width)
-    if policy is not None and drafter is not None:
-        policy.observe(width, num_accepted.tolist(), time.perf_counter() - started)  # commit has synced
+    events = state.commit(committed, num_accepted + 1, stats, width, lookup=use_lookup)
+    if chooser is not None and drafter is not None:
+        chooser.observe(width, num_accepted.tolist(), time.perf_counter() - started)  # commit has synced
 
     # 4. Roll back: the target keeps x[s] and the accepted proposals; the new anchor is not cached yet.
     state.target_cache.crop_to(s + num_accepted + 1)
     kept = int(num_accepted.max()) + 1
     features = out.features[:, :kept] if out.features is not None else None  # tapped features of slots 0..a
-    if drafter is not None and width == 1:  # the draft has not taken in the earlier pending positions yet
+    if drafter is not None and not drafted:  # the draft has not taken in the earlier pending positions yet
         state.pending, state.pending_counts = join_pending(state.pending, state.pending_counts, features,
                                                            num_accepted + 1)
     else:

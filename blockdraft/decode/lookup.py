@@ -1,0 +1,90 @@
+"""Prompt-lookup blocks: continue the context from where its last few tokens occurred before.
+
+Answers that quote their context (constraint lists, code that reuses the prompt's names, rewrites of a given
+text) repeat spans of it verbatim. The draft sees the context only through the target's features and misses
+many of those runs; a lookup proposes them outright: the tokens that followed the most recent earlier
+occurrence of the row's last n tokens (the longest n from `max_ngram` down to `min_ngram` that occurs).
+
+A lookup block is verified like any block, so greedy output stays the target's own. Under sampling a lookup
+proposal is a point mass, q = one-hot, for which rejection sampling is exact (DESIGN.md §3): the token is
+accepted with probability p(token), and a rejection draws from p with that token removed.
+
+`PromptLookup` decides, step by step, whether the draft's block or a lookup block is verified. Each source
+has its own width policy (policy.py), which learns that source's acceptance and step times; a lookup step
+is taken when every live row has a match and the lookup's best expected rate is at least the draft's. A
+lookup step does not run the draft: like a plain step, it leaves the draft's pending context for the next
+drafted step.
+
+Shapes: B live rows, C token capacity, n proposals.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .policy import AdaptiveWidth
+
+
+def continuation(ids: torch.Tensor, count: int, max_ngram: int = 3, min_ngram: int = 2) -> torch.Tensor:
+    """Up to `count` tokens [m] that followed the most recent earlier occurrence of the last n tokens of
+    ids [L] (the longest n in max_ngram..min_ngram that occurs earlier), or an empty tensor."""
+    L = ids.shape[0]
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if L <= n:
+            continue
+        tail = ids[L - n:]
+        # Windows starting at 0..L-n-1: every n-gram but the tail itself, each followed by >= 1 token.
+        windows = ids[: L - 1].unfold(0, n, 1)  # [L-n, n]
+        starts = (windows == tail).all(dim=1).nonzero()[:, 0]
+        if starts.numel():
+            begin = int(starts[-1]) + n
+            return ids[begin : begin + count]
+    return ids[:0]
+
+
+def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ngram: int = 3,
+                 min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's continuation of its first lengths[b] tokens of tokens [B, C]: proposals [B, count] (padded
+    by repeating the row's last proposal) and their real lengths [B] (0: no match, the row is all padding)."""
+    rows, lengths_cpu = tokens.cpu(), lengths.cpu().tolist()
+    out = torch.zeros(rows.shape[0], count, dtype=torch.long)
+    found = torch.zeros(rows.shape[0], dtype=torch.long)
+    for b, length in enumerate(lengths_cpu):
+        run = continuation(rows[b, :length], count, max_ngram, min_ngram)
+        if run.numel():
+            out[b, : run.numel()] = run
+            out[b, run.numel():] = run[-1]
+            found[b] = run.numel()
+    return out.to(tokens.device), found.to(tokens.device)
+
+
+class PromptLookup:
+    """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
+
+    def __init__(self, block_size: int, *, policy=None, max_ngram: int = 3, min_ngram: int = 2) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.block_size = block_size
+        self.policy = AdaptiveWidth(block_size) if policy is None else policy
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.steps = 0  # lookup steps taken
+
+    def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Lookup proposals [B, K-1] and their lengths [B] when every row has a match, else None."""
+        proposals, found = lookup_block(tokens, lengths, self.block_size - 1, self.max_ngram, self.min_ngram)
+        return (proposals, found) if bool((found > 0).all()) else None
+
+    def preferred_over(self, draft_policy) -> bool:
+        """Whether a lookup step is expected to commit tokens at least as fast as the draft's policy would.
+
+        A policy that cannot say (a fixed width, or one still timing its widths) leaves the lookup preferred:
+        a match is the stronger signal until measurements say otherwise.
+        """
+        mine, theirs = best_rate(self.policy), best_rate(draft_policy)
+        return mine is None or theirs is None or mine >= theirs
+
+
+def best_rate(policy) -> float | None:
+    """The policy's best expected tokens per second, when it knows one."""
+    rate = getattr(policy, "best_rate", None)
+    return rate() if rate is not None else None

@@ -1,0 +1,141 @@
+"""Prompt-lookup blocks (decode/lookup.py): the continuation rule, and greedy output that stays the target's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.decode.generate import generate
+from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
+from blockdraft.decode.policy import AdaptiveWidth, FixedWidth
+
+from conftest import ScriptedDrafter, tiny_draft, tiny_target
+from test_sampling_decode import CyclingWidth, small_models  # noqa: F401 (a fixture)
+
+# Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
+PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
+
+
+class AlternatingLookup(PromptLookup):
+    """Takes every other step it can, at widths cycling 1..K: lookup, drafted and plain steps interleave."""
+
+    def __init__(self, block_size: int, policy=None) -> None:
+        super().__init__(block_size, policy=policy or CyclingWidth(block_size), min_ngram=1)
+        self.asked = 0
+
+    def preferred_over(self, draft_policy) -> bool:
+        self.asked += 1
+        return self.asked % 2 == 1
+
+
+def ids(*values: int) -> torch.Tensor:
+    return torch.tensor(values)
+
+
+def test_continuation_takes_the_longest_most_recent_match():
+    assert continuation(ids(1, 2, 3, 9, 1, 2, 3), 3).tolist() == [9, 1, 2]
+    # [0, 2, 3] never occurred before; [2, 3] did, twice: the later one wins.
+    assert continuation(ids(5, 2, 3, 7, 1, 2, 3, 8, 0, 2, 3), 3).tolist() == [8, 0, 2]
+    # A 3-gram match beats a more recent 2-gram one.
+    assert continuation(ids(4, 2, 3, 6, 9, 2, 3, 7, 4, 2, 3), 2).tolist() == [6, 9]
+    assert continuation(ids(1, 2, 3, 4), 3).tolist() == []  # nothing repeats
+    assert continuation(ids(5, 1, 5), 3).tolist() == []  # a 1-gram match is below min_ngram 2
+    assert continuation(ids(5, 1, 5), 3, min_ngram=1).tolist() == [1, 5]  # stops at the context's end
+    assert continuation(ids(7), 3, min_ngram=1).tolist() == []
+
+
+def test_lookup_block_pads_and_counts_each_row():
+    tokens = torch.tensor([[1, 2, 9, 1, 2, 0, 0], [4, 5, 6, 7, 0, 0, 0]])
+    proposals, found = lookup_block(tokens, torch.tensor([5, 4]), 4)
+    assert found.tolist() == [3, 0]
+    assert proposals[0].tolist() == [9, 1, 2, 2]  # padded with the row's last proposal
+    assert PromptLookup(5).propose(tokens, torch.tensor([5, 4])) is None, "a row without a match: no lookup step"
+    assert PromptLookup(5).propose(tokens[:1], torch.tensor([5])) is not None
+    with pytest.raises(ValueError):
+        PromptLookup(5, min_ngram=3, max_ngram=2)
+
+
+def test_the_lookup_is_preferred_only_while_it_pays():
+    draft, lookup = AdaptiveWidth(4), PromptLookup(4)
+    assert lookup.preferred_over(draft), "untimed: a match is taken"
+    for policy, accepted in ((draft, 3), (lookup.policy, 0)):
+        for width in (1, 2, 4):
+            policy.observe(width, [min(accepted, width - 1)] * 4, 1.0)
+    assert not lookup.preferred_over(draft), "a lookup that always misses must yield to a draft that hits"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("adaptive", [False, True], ids=["full-block", "adaptive"])
+def test_greedy_output_with_lookups_is_the_targets(family, adaptive):
+    target = tiny_target(family)
+    base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
+    reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
+    for drafter in (tiny_draft(target, block_size=8), ScriptedDrafter(reference, 8)):
+        spec = generate(target, drafter, PROMPTS, max_new_tokens=48, stop_token_ids=[], adaptive=adaptive,
+                        lookup=True)
+        for b, s in zip(base, spec):
+            assert s.tokens == b.tokens[:48], "a lookup block changed the target's greedy output"
+        assert spec[0].stats.lookup_steps > 0, "the test must exercise lookup steps"
+        assert spec[0].stats.lookup_steps < spec[0].stats.steps, "and drafted or plain steps beside them"
+
+
+def test_lookup_steps_at_every_width_keep_greedy_exact():
+    """Lookup and draft steps interleaved at widths cycling 1..K: the draft's deferred context stays right."""
+    target = tiny_target("llama")
+    base = generate(target, None, PROMPTS, max_new_tokens=50, stop_token_ids=[])
+    lookup = AlternatingLookup(8)
+    spec = generate(target, tiny_draft(target, block_size=8), PROMPTS, max_new_tokens=40, stop_token_ids=[],
+                    adaptive=CyclingWidth(8), lookup=lookup)
+    for b, s in zip(base, spec):
+        assert s.tokens == b.tokens[:40]
+    assert lookup.steps > 0 and spec[0].stats.lookup_steps > 0
+    drafted = [r.stats.steps - r.stats.plain_steps - r.stats.lookup_steps for r in spec]
+    assert sum(drafted) > 0, "drafted steps must follow lookup steps for the draft's deferred context to matter"
+
+
+# ------------------------------------------------------------------------------------- sampling with lookups
+
+# Every token of the 6-token vocabulary occurs in the prompt: with min_ngram 1 every row always has a match.
+LOOKUP_PROMPT = [3, 0, 4, 2, 5, 1, 3]
+
+
+def lookup_counts(target, draft, params, num_rows: int) -> "np.ndarray":
+    from test_sampling_decode import NUM_TOKENS, Selector
+
+    import numpy as np
+
+    V = target.config.vocab_size
+    lookup = AlternatingLookup(4, policy=FixedWidth(4))  # the first step after the prefill is a lookup
+    results = generate(target, draft, [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=4,
+                       stop_token_ids=[], selector=Selector(params, num_rows=num_rows), lookup=lookup)
+    assert lookup.steps > 0, "the test must exercise lookup steps"
+    tokens = np.array([r.tokens for r in results])  # [rows, n]
+    cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
+    return np.bincount(cells, minlength=V**NUM_TOKENS)
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0, seed=90_000),
+                                    dict(temperature=0.7, top_p=0.9, seed=100_000)], ids=["T1", "T0.7-topp0.9"])
+def test_sampling_with_lookup_blocks_matches_target_distribution(small_models, params):
+    from test_sampling_decode import ALPHA, NUM_ROWS, NUM_TOKENS, SamplingParams, exact_joint, goodness_of_fit
+
+    target, draft = small_models
+    sampling = SamplingParams(**params)
+    counts = lookup_counts(target, draft, sampling, NUM_ROWS)
+    pvalue = goodness_of_fit(counts, exact_joint(target, LOOKUP_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"sampling with lookup blocks is not the target's distribution (p = {pvalue:.2e})"
+
+
+def test_a_lookup_block_with_the_wrong_q_fails_the_same_test(small_models, monkeypatch):
+    """A looked-up token is a point mass; treating it as drawn from a uniform q accepts it too often."""
+    from test_sampling_decode import ALPHA, NUM_TOKENS, SamplingParams, exact_joint, goodness_of_fit
+
+    def uniform_q(self, proposals, vocab_size):
+        return proposals, torch.full((*proposals.shape, vocab_size), 1.0 / vocab_size)
+
+    monkeypatch.setattr("blockdraft.decode.selection.Selector.point_mass", uniform_q)
+    target, draft = small_models
+    sampling = SamplingParams(temperature=1.0, seed=110_000)
+    counts = lookup_counts(target, draft, sampling, 4000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, LOOKUP_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue < ALPHA, f"a wrong lookup q passed the exactness test (p = {pvalue:.3f}); it has no power"
