@@ -7,6 +7,8 @@
 - `blockdraft-adaptive`: the same with adaptive verify widths (policy.py: down to plain steps when drafts miss),
   one policy for the whole run, as the server keeps one: step times and acceptance learnt on one prompt carry
   over to the next instead of being measured again for each.
+- `blockdraft-lookup`: adaptive, and a step may verify a prompt-lookup block instead of the draft's when every
+  row has a match and that pays more (decode/lookup.py); one lookup kept across prompts, like the policy.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 
@@ -23,14 +25,16 @@ from pathlib import Path
 import torch
 
 from ..decode.generate import generate
+from ..decode.lookup import PromptLookup
 from ..decode.policy import AdaptiveWidth
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
-BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, ADAPTIVE, REFERENCE = (
-    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-adaptive", "dflash-reference")
+BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, ADAPTIVE, LOOKUP, REFERENCE = (
+    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-adaptive", "blockdraft-lookup",
+    "dflash-reference")
 
 
 @dataclass
@@ -43,15 +47,18 @@ class OursMethod:
     """Our decode loop; `draft=None` is the target-only baseline."""
 
     def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
-                 stop_token_ids: list[int], adaptive: bool = False) -> None:
+                 stop_token_ids: list[int], adaptive: bool = False, lookup: bool = False) -> None:
         self.name, self.target, self.draft = name, target, draft
         self.block_size = block_size if draft is not None else None
         self.stop_token_ids = stop_token_ids
-        self.policy = AdaptiveWidth(block_size) if adaptive and draft is not None and block_size > 1 else False
+        speculative = draft is not None and block_size is not None and block_size > 1
+        self.policy = AdaptiveWidth(block_size) if adaptive and speculative else False
+        self.lookup = PromptLookup(block_size) if lookup and speculative else False
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
         results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
-                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.policy)
+                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.policy,
+                           lookup=self.lookup)
         return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
 
 
@@ -124,6 +131,7 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS),
         OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids),
         OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True),
+        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True),
     ]
     reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
     if reference is not None:

@@ -139,7 +139,10 @@ def _speed_table(document: dict) -> Table:
 
 def _acceptance_table(name: str, acc: dict) -> Table:
     K = acc["block_size"]
-    table = Table(title=f"{name}: mean tau {acc['mean_tau']:.3f} over {acc['steps']} steps (bonus counted), K={K}")
+    kinds = "".join(f", {acc[key]} {label}" for key, label in (("plain_steps", "plain"), ("lookup_steps", "lookup"))
+                    if acc.get(key))
+    table = Table(title=f"{name}: mean tau {acc['mean_tau']:.3f} over {acc['steps']} steps (bonus counted{kinds}), "
+                        f"K={K}")
     table.add_column("")
     for k in range(1, K + 1):
         table.add_column(str(k), justify="right")

@@ -42,6 +42,10 @@ def add_arguments(parser) -> None:
                         help="verify per step the number of proposals that pays best, down to none (same output, "
                              "never much slower than the target alone); auto: on when greedy, off when sampling "
                              "(so that a seed reproduces its text)")
+    parser.add_argument("--lookup", choices=("auto", "on", "off"), default="auto",
+                        help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
+                             "lookup) instead of the draft's block, when every row has one and it pays more (same "
+                             "output); auto: on when --adaptive is")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
@@ -72,8 +76,9 @@ def run(args) -> int:
     block = args.block_size or (draft.config.block_size if draft is not None else None)
     hardware = describe_line(args.device, dtype)
     adaptive = args.adaptive == "on" or (args.adaptive == "auto" and sampling.greedy)
+    lookup = args.lookup == "on" or (args.lookup == "auto" and adaptive)
     decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax,
-                  adaptive=adaptive)
+                  adaptive=adaptive, lookup=lookup)
     single = len(ids) == 1
     if not sampling.greedy:
         rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
@@ -97,7 +102,8 @@ def run(args) -> int:
         else:
             # A K-token verify and a one-token step round differently in 16-bit floats, so near-tie argmaxes can flip.
             same = f"differ ({dtype_name(dtype)} rounding of near-ties; --dtype float32 compares bit-exactly)"
-        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{', adaptive' if adaptive else ''}, "
+        modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "")
+        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{modes}, "
               f"{spec.new_tokens} new tokens, {hardware})")
         return 1 if sampling.greedy and exact and spec_tokens != base_tokens else 0
     tokens, rows, stats = _run(target, draft, ids, block, echo=single, **decode)
@@ -158,7 +164,8 @@ def _warm_up(target, draft, ids, block) -> None:
             pass
 
 
-def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, echo: bool = False):
+def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, lookup,
+         echo: bool = False):
     """Decode all prompts as one batch -> (tokens per row, stats per row, batch stats).
 
     The batch stats pool every row's tau and divide all new tokens by the one wall time: batch throughput.
@@ -170,7 +177,7 @@ def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, a
     selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
     start = time.perf_counter()
     for event in stream(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block, selector=selector,
-                        stats=stats, adaptive=adaptive):
+                        stats=stats, adaptive=adaptive, lookup=lookup):
         tokens[event.row].extend(event.tokens)
         if text is not None:
             sys.stdout.write(text.push(event.tokens))
@@ -206,7 +213,8 @@ def _summary(label: str, stats: AcceptanceStats, block, hardware: str, rows: int
     line = f"[{label}]{batch} {stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s"
     if block:
         line += f", tau {stats.mean_tau:.2f} (K={block}, histogram {stats.histogram})"
-        if stats.plain_steps:
-            drafted = stats.steps - stats.plain_steps
-            line += f", adaptive: {stats.plain_steps} of {stats.steps} steps plain, {drafted} drafted"
+        if stats.plain_steps or stats.lookup_steps:
+            drafted = stats.steps - stats.plain_steps - stats.lookup_steps
+            looked = f", {stats.lookup_steps} lookup" if stats.lookup_steps else ""
+            line += f", adaptive: {stats.plain_steps} of {stats.steps} steps plain{looked}, {drafted} drafted"
     return f"{line} | {hardware}"

@@ -28,6 +28,7 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 
 from ..decode.generate import as_drafter, stream
+from ..decode.lookup import PromptLookup
 from ..decode.policy import AdaptiveWidth
 from ..decode.selection import Selector
 from ..metrics import AcceptanceStats
@@ -108,6 +109,8 @@ class Worker:
         # life: what it has learnt of acceptance and step times carries over from batch to batch, so short
         # requests do not each pay for timing every width again.
         self.policy = AdaptiveWidth(self.block_size) if adaptive and self.drafter is not None else None
+        # With the policy, greedy batches may verify prompt-lookup blocks; kept for the server's life likewise.
+        self.lookup = PromptLookup(self.block_size) if self.policy is not None and self.block_size > 1 else None
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
         self._pending: deque[Job] = deque()
         self._ready = threading.Condition()
@@ -194,6 +197,7 @@ class Worker:
         events = stream(self.target, self.drafter, [job.prompt for job in batch],
                         max_new_tokens=[job.max_tokens for job in batch], selector=selector, stats=stats,
                         adaptive=self.policy if self.policy is not None and group.greedy else False,
+                        lookup=self.lookup if self.lookup is not None and group.greedy else False,
                         drop=lambda: [i for i, job in enumerate(batch) if job.cancelled])
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:
