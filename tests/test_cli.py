@@ -47,6 +47,16 @@ def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
     assert last.startswith("[speculative]") and "tok/s" in last and "tau" in last and "K=4" in last
 
 
+def test_generate_compare_with_lookups_names_the_mode_and_matches(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
+                       "float32", "--max-new-tokens", "24", "--compare")
+    assert code == 0 and "identical" in out and "adaptive, lookup" in out, out
+    code, out, _ = run(capsys, "generate", "abcabc", "--target", target, "--draft", draft, "--dtype", "float32",
+                       "--max-new-tokens", "8", "--compare", "--lookup", "off")
+    assert code == 0 and "adaptive," in out and "lookup" not in out.splitlines()[-1]
+
+
 def test_inspect_prints_the_config_and_validates(folders, capsys):
     target, draft = folders
     code, out, _ = run(capsys, "inspect", draft, "--target", target)
