@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blockdraft.decode.vocab import scatter_logits
+from blockdraft.decode.vocab import read_vocab, scatter_logits, write_vocab
 from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, weighted_loss
 from blockdraft.train.trainer import train
 
@@ -70,3 +70,15 @@ def test_training_over_the_proposal_vocabulary(tmp_path):
     out = train(tiny_target("llama"), config(tmp_path, proposal_vocab=True, max_steps=2, log_every=1,
                                              val_fraction=0.25, eval_every=2))
     assert (out / "model.safetensors").exists() and (out / "blockdraft_vocab.json").exists()
+
+
+def test_a_continued_draft_keeps_its_starting_drafts_vocabulary(tmp_path):
+    write_data(tmp_path / "data", count=8)
+    first = train(tiny_target("llama"), config(tmp_path, "first", max_steps=1))
+    emitted = read_vocab(first, VOCAB).tolist()  # the data's response ids: 60..64 and eos
+    write_vocab(first, emitted + [7, 9], VOCAB, source="earlier data")  # ids the new data never emits
+    second = train(tiny_target("llama"), config(tmp_path, "second", max_steps=1, init_from=first,
+                                                proposal_vocab=True))
+    assert read_vocab(second, VOCAB).tolist() == sorted(emitted + [7, 9])
+    third = train(tiny_target("llama"), config(tmp_path, "third", max_steps=1))  # no init_from: the data's own
+    assert read_vocab(third, VOCAB).tolist() == emitted

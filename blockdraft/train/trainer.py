@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..config import DraftConfig, check_against_target, choose_mask_token_id, provenance_for
 from ..errors import ConfigError, InputError
 from ..io.checkpoint import read_checkpoint, write_checkpoint
-from ..decode.vocab import emitted_tokens, write_vocab
+from ..decode.vocab import emitted_tokens, read_vocab, write_vocab
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
@@ -105,6 +105,8 @@ class Run:
     batches: dict = field(default_factory=dict)
     cache: FeatureCache | None = None
     vocab: torch.Tensor | None = None  # [N] the proposal vocabulary the head is limited to (proposal_vocab)
+    vocab_ids: list[int] = field(default_factory=list)  # the draft's proposal vocabulary, written beside it
+    vocab_source: str = ""
     data_sha256: str = ""  # `data_fingerprint` of the examples: a resume must find the same data
 
     @property
@@ -171,8 +173,9 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
     if cfg.cache_features:
         run.cache = FeatureCache(target, _tap_ids(run))
+    run.vocab_ids, run.vocab_source = _proposal_ids(cfg, examples, target.lm_head.weight.shape[0])
     if cfg.proposal_vocab:
-        run.vocab = torch.tensor(emitted_tokens(examples), dtype=torch.long, device=target.device)
+        run.vocab = torch.tensor(run.vocab_ids, dtype=torch.long, device=target.device)
     log = None
     if ranks.rank == 0:
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -199,6 +202,19 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
     else:
         draft.init_weights(0.02, generator=seeded_generator(cfg.seed, -2))
     return draft_cfg, draft.to(device=target.device, dtype=torch.float32).train()
+
+
+def _proposal_ids(cfg: TrainConfig, examples: list[Example], vocab_size: int) -> tuple[list[int], str]:
+    """The draft's proposal vocabulary and where it came from: the ids the target emitted in the training
+    responses, joined with the vocabulary of the draft this run continues (`init_from`'s sidecar), so that a
+    draft continued on new data still proposes what it learnt from the old."""
+    ids = set(emitted_tokens(examples))
+    source = f"response tokens of {len(examples)} training examples in {_folders(cfg)}"
+    inherited = read_vocab(cfg.init_from, vocab_size) if cfg.init_from is not None else None
+    if inherited is not None:
+        ids.update(inherited.tolist())
+        source += f", joined with the {inherited.numel()} ids of {cfg.init_from}'s proposal vocabulary"
+    return sorted(ids), source
 
 
 def _measure_scale(target: Target, examples: list[Example], train_indices: list[int], draft_cfg: DraftConfig,
@@ -389,9 +405,7 @@ def _finish(run: Run, log: MetricsLog | None) -> Path:
     folder = run.cfg.out_dir / "draft"
     if run.ranks.rank == 0:
         write_checkpoint(folder, run.draft_cfg, run.forward.export_state(), dtype=torch.bfloat16)
-        # The ids the target emitted in the training responses: the draft's default proposal vocabulary.
-        write_vocab(folder, emitted_tokens(run.examples), run.target.lm_head.weight.shape[0],
-                    source=f"response tokens of {len(run.examples)} training examples in {_folders(run.cfg)}")
+        write_vocab(folder, run.vocab_ids, run.target.lm_head.weight.shape[0], source=run.vocab_source)
         if log is not None and log.records:
             plot_curves(log.records, run.cfg.out_dir / "curves.png")
     return folder
