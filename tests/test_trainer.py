@@ -371,6 +371,7 @@ def test_two_gloo_ranks_with_an_anchorless_rank(tmp_path):
     exact = dict(epochs=3, batch_size=2, log_every=1, lr=1e-4, clip=1e9)  # no clipping: it hides a wrong scale
     cfg = config(tmp_path, "ddp", **exact)
     fields = {k: str(v) if isinstance(v, Path) else v for k, v in cfg.__dict__.items()}
+    fields["data_dirs"] = [str(folder) for folder in cfg.data_dirs]  # a tuple of paths: the worker's repr must read back
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER.format(tests=str(TESTS), cfg=fields)))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}

@@ -71,8 +71,10 @@ class Ranks:
             dist.all_reduce(tensor)
         return tensor
 
-    def stop(self) -> None:
+    def stop(self, finished: bool) -> None:
         if self.owned:
+            if finished:  # every rank leaves together: a gloo rank tearing down while its peer is gone can hang
+                dist.barrier()
             dist.destroy_process_group()
 
 
@@ -130,6 +132,7 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
     `on_step(step)` is called on every rank after each optimizer step (and its logging and checkpoint).
     """
     ranks = Ranks.start(target.device)
+    finished = False
     try:
         run, log = _prepare(target, cfg, ranks)
         with progress_bar(ranks.rank == 0) as progress:
@@ -141,9 +144,11 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
                 progress.update(task, completed=run.step, info=info)
                 if on_step is not None:
                     on_step(run.step)
-        return _finish(run, log)
+        folder = _finish(run, log)
+        finished = True
+        return folder
     finally:
-        ranks.stop()
+        ranks.stop(finished)
 
 
 def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, MetricsLog | None]:
