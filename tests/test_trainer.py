@@ -21,10 +21,9 @@ from blockdraft.api import load_draft
 from blockdraft.decode.generate import generate
 from blockdraft.errors import ConfigError, InputError
 from blockdraft.model.target import Target
-from blockdraft.train.evaluate import evaluate_online, heldout_prompts
 from blockdraft.train.trainer import TrainConfig, train
 
-from conftest import VOCAB, tiny_draft, tiny_target
+from conftest import VOCAB, tiny_target
 
 MASK = VOCAB - 1
 TESTS = Path(__file__).parent
@@ -332,24 +331,6 @@ def test_learns_a_repetitive_dataset(tmp_path):
     assert (out.parent / "curves.png").stat().st_size > 0
 
 
-def test_evaluate_online_pools_tau(tmp_path):
-    target = tiny_target("llama")
-    draft = tiny_draft(target, layers=1, block_size=8)
-    write_data(tmp_path / "data", count=5)
-    from blockdraft.train.data import read_examples
-
-    prompts = heldout_prompts(read_examples(tmp_path / "data"))
-    assert len(prompts) == 5 and all(p[0] == 1 for p in prompts)
-    done = []
-    stats = evaluate_online(target, draft, prompts, max_new_tokens=12, block_size=4, batch_size=2,
-                            on_batch=done.append)
-    assert done == [2, 2, 1], "progress reports each batch's prompt count"
-    assert stats.block_size == 4 and len(stats.histogram) == 4
-    alone = generate(target, draft, prompts, max_new_tokens=12, block_size=4)
-    assert stats.steps == sum(r.stats.steps for r in alone) and stats.tokens == sum(r.stats.tokens for r in alone)
-    assert 1.0 <= stats.mean_tau <= 4.0 and len(stats.per_position_acceptance()) == 3
-
-
 # ---------------------------------------------------------------------------------------------------------
 # §6.10 with torchrun: a rank without anchors must neither hang nor change the result
 
@@ -382,34 +363,3 @@ def test_two_gloo_ranks_with_an_anchorless_rank(tmp_path):
     assert state["world_size"] == 2 and state["step"] == 3
     single = train(tiny_target("llama"), config(tmp_path, "single", **exact))
     assert_same_update(single.parent, tmp_path / "ddp", "two ranks must give the update of one process")
-
-
-def test_feature_scale_skips_the_sink_and_floors_quiet_dimensions():
-    from blockdraft.train.forward import feature_scale
-
-    rows = torch.ones(5, 4)
-    rows[:, 1] = 3.0
-    rows[:, 3] = 1e-6
-    rows[0] = 1e4  # the attention sink
-    scale = feature_scale([rows, rows[:1]])  # a one-token sequence has nothing but its sink
-    torch.testing.assert_close(scale, torch.tensor([1.0, 3.0, 1.0, 1e-2]))
-
-
-def test_standardized_features_keep_the_function_and_export_raw_weights():
-    from blockdraft.train.forward import BlockForward
-    from blockdraft.train.objective import sample_anchors
-
-    target = tiny_target("llama")
-    draft = tiny_draft(target, layers=2, block_size=8)
-    forward = BlockForward(draft, target)
-    tokens = torch.randint(3, 90, (2, 30), generator=torch.Generator().manual_seed(0))
-    features = target.forward(tokens, torch.arange(30).expand(2, 30), target.new_cache(2, 30), (1, 4)).features
-    anchors, keep = sample_anchors(torch.ones(2, 30), 5, torch.Generator().manual_seed(1))
-    raw_fc = draft.fc.weight.detach().clone()
-    before = forward(tokens, anchors, keep, features)
-    scale = torch.rand(features.shape[-1], generator=torch.Generator().manual_seed(2)) * 100 + 0.01
-    forward.standardize(scale, convert_weights=True)
-    after = forward(tokens, anchors, keep, features)
-    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(draft.fc.weight, raw_fc), "training must see fc' = fc diag(s)"
-    torch.testing.assert_close(forward.export_state()["fc.weight"], raw_fc, rtol=1e-6, atol=1e-7)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 from ..config import DraftConfig, check_against_target, choose_mask_token_id, provenance_for
 from ..errors import ConfigError, InputError
@@ -44,39 +42,12 @@ from .features import FeatureCache
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
 from .objective import batch_vocab, weighted_loss
+from .preflight import check_data, check_init
+from .ranks import Ranks
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
 from .settings import TrainConfig
 
 __all__ = ["TrainConfig", "train"]
-
-@dataclass
-class Ranks:
-    """This process's place in a torchrun job (rank 0 of 1 without one)."""
-
-    rank: int = 0
-    world: int = 1
-    owned: bool = False  # this trainer started the process group, so it also ends it
-
-    @classmethod
-    def start(cls, device: torch.device) -> Ranks:
-        if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size())
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            return cls(dist.get_rank(), dist.get_world_size(), owned=True)
-        return cls()
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(tensor)
-        return tensor
-
-    def stop(self, finished: bool) -> None:
-        if self.owned:
-            if finished:  # every rank leaves together: a gloo rank tearing down while its peer is gone can hang
-                dist.barrier()
-            dist.destroy_process_group()
-
 
 @dataclass
 class Run:
@@ -156,7 +127,7 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     freeze_target(target)
     examples, train_indices, val_indices = load_split(cfg.data_dirs, cfg.val_fraction, cfg.seed)
     draft_cfg, draft = _build_draft(target, cfg)
-    _check_data(examples, draft_cfg, _folders(cfg))
+    check_data(examples, draft_cfg, _folders(cfg))
     forward = BlockForward(draft, target)
     if cfg.standardize_features:
         scale = _measure_scale(target, examples, train_indices, draft_cfg, cfg)
@@ -193,7 +164,7 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
     provenance = provenance_for(target.config, target.tokenizer, target=target.name or None)
     if cfg.init_from is not None:
         draft_cfg, tensors = read_checkpoint(cfg.init_from, dtype=torch.float32)
-        _check_init(cfg, draft_cfg)
+        check_init(cfg, draft_cfg)
     else:
         mask = choose_mask_token_id(target.tokenizer, target.config, cfg.mask_token_id)
         draft_cfg = DraftConfig.for_target(target.config, cfg.num_draft_layers, cfg.block_size,
@@ -231,33 +202,6 @@ def _measure_scale(target: Target, examples: list[Example], train_indices: list[
         tokens = torch.tensor([examples[i].input_ids[:max_len]], device=target.device)
         features.append(target_features(target, tokens, draft_cfg.target_layer_ids)[0])
     return feature_scale(features)
-
-
-def _check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
-    # The loaded draft defines the shape and interface; a TrainConfig that says otherwise is a mistake.
-    wanted = {"num_hidden_layers": cfg.num_draft_layers, "block_size": cfg.block_size,
-              "mask_token_id": cfg.mask_token_id, "target_layer_ids": cfg.target_layer_ids}
-    wrong = [f"{k} {v!r} vs the draft's {getattr(draft_cfg, k)!r}" for k, v in wanted.items()
-             if v is not None and v != getattr(draft_cfg, k)]
-    if draft_cfg.final_logit_softcapping is not None:
-        wrong.append("the draft uses final_logit_softcapping, which training does not apply")
-    if wrong:
-        raise ConfigError(f"`init_from` {cfg.init_from} does not match the training config: {'; '.join(wrong)}; "
-                          "set the training options to the draft's values")
-
-
-def _check_data(examples: list[Example], draft_cfg: DraftConfig, where: str) -> None:
-    """Refuse a mask id that occurs in the data (TRAINING.md §5.6) and ids outside the embedding."""
-    for example in examples:
-        ids = set(example.input_ids)
-        if draft_cfg.mask_token_id in ids:
-            raise ConfigError(f"the mask token id {draft_cfg.mask_token_id} occurs in example {example.id!r} of "
-                              f"{where}; the mask must be a token the data never contains; pass another "
-                              "mask_token_id (an unused special token)")
-        if max(ids) >= draft_cfg.vocab_size:
-            raise InputError(f"example {example.id!r} of {where} has token id {max(ids)}, outside the target's "
-                             f"{draft_cfg.vocab_size}-row embedding; the data was built with another tokenizer; "
-                             "rebuild it with this target")
 
 
 def _restore(run: Run) -> int | None:
