@@ -71,6 +71,15 @@ def test_adaptive_uses_the_full_block_when_drafts_hit():
     assert chosen[100:].count(8) / 200 > 0.85
 
 
+def test_a_draft_near_break_even_is_re_measured_often():
+    # Width 2 costs 1.4 steps: at acceptance 0.36 it is expected within 5 % of plain steps, a near tie, so it
+    # is re-measured every `explore_close` steps; far from a tie (acceptance 0.05) only every `explore_every`.
+    near = simulate(AdaptiveWidth(8), 400, lambda i: 0.36, cpu_like_cost)[100:]
+    far = simulate(AdaptiveWidth(8), 400, lambda i: 0.05, cpu_like_cost)[100:]
+    assert sum(w > 1 for w in near) >= 300 // 8 - 2, "a near tie is re-measured at least every 8 steps"
+    assert sum(w > 1 for w in far) <= 300 // 32 + 2, "a draft far from paying is re-measured rarely"
+
+
 def test_adaptive_notices_when_drafting_starts_to_pay():
     # Bad for 200 steps, then good: the re-measured widths pick up the new acceptance.
     chosen = simulate(AdaptiveWidth(8), 400, lambda i: 0.05 if i < 200 else 0.95, cpu_like_cost)

@@ -10,12 +10,15 @@ width. Only speed depends on the choice.
     E(w) = 1 + sum_{j=1}^{w-1} prod_{i=1}^{j} alpha_i        (alpha_i: acceptance of slot i, given slot i-1)
     w*   = argmax_w E(w) / t(w)                              (t(w): measured seconds of a step of width w)
 
-with drafting (w > 1) required to win by a small margin (5 %), so that timing noise does not buy slow steps.
+with drafting (w > 1) required to win by a small margin (2 %), so that timing noise does not buy slow steps.
 
 alpha_i are decayed counts pooled over rows (a Beta prior centred on the previous slot's estimate keeps
 rarely reached slots from looking good by default); t(w) is an exponential average of measured step times.
 With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it
-re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again.
+re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again; every
+`explore_close` steps while the runner-up is expected within `close` (10 %) of the best. Near a tie a
+re-measurement costs little (at most that 10 % of one step) and decides the most: a draft near break-even
+must not stay switched off for a whole answer because its last estimate fell just short.
 
 With sampling, widths chosen from wall-clock times make a seeded sample depend on timing (the output is still
 distributed exactly as the target's); use a fixed width where a seed must reproduce the same text.
@@ -58,11 +61,13 @@ class AdaptiveWidth:
     """The width with the most expected tokens per second, from measured acceptance and step times."""
 
     def __init__(self, block_size: int, *, decay: float = 0.97, time_smoothing: float = 0.3,
-                 explore_every: int = 32, prior_strength: float = 2.0, margin: float = 1.05) -> None:
+                 explore_every: int = 32, explore_close: int = 8, close: float = 0.9, prior_strength: float = 2.0,
+                 margin: float = 1.02) -> None:
         self.block_size = block_size
         self.widths = candidate_widths(block_size)
         self.decay, self.time_smoothing = decay, time_smoothing
         self.explore_every, self.prior_strength, self.margin = explore_every, prior_strength, margin
+        self.explore_close, self.close = explore_close, close
         self.reached = torch.zeros(block_size - 1, dtype=torch.float64)  # decayed counts per slot 1..K-1
         self.accepted = torch.zeros(block_size - 1, dtype=torch.float64)
         self.seconds: dict[int, float] = {}  # width -> smoothed step time
@@ -88,7 +93,8 @@ class AdaptiveWidth:
             return float(gain[w - 1]) / self.seconds[w] / (self.margin if w > 1 else 1.0)
 
         ranked = sorted(self.widths, key=rate, reverse=True)
-        if self.steps - self.last_explored >= self.explore_every:
+        interval = self.explore_close if rate(ranked[1]) >= self.close * rate(ranked[0]) else self.explore_every
+        if self.steps - self.last_explored >= interval:
             # Re-measure the runner-up, the width most likely to take over: machines drift, batches shrink,
             # and while plain steps win only a drafting step can tell that the draft has started to hit.
             self.last_explored = self.steps
