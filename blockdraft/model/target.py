@@ -71,8 +71,10 @@ class Target:
         return KVCache(self.num_layers, batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head over final-normed rows [..., D] -> [..., V] float32."""
-        return self.lm_head(hidden).float()
+        """LM head over final-normed rows [..., D] -> [..., V] float32 (as one [N, D] matrix: a strided 3-D
+        slice sends a bf16 linear down a much slower CPU path)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return self.lm_head(flat).float().view(*hidden.shape[:-1], -1)
 
     def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, positions, mask):
         """One attention block: write this call's K/V at `positions`, attend over slots [0, max+1)."""
