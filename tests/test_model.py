@@ -7,7 +7,7 @@ import math
 import torch
 
 from blockdraft.decode.drafter import Drafter
-from blockdraft.model.layers import apply_rope, grouped_attention, rope_cos_sin
+from blockdraft.model.layers import apply_rope, grouped_attention, linear_rows, rope_cos_sin
 
 from conftest import tiny_draft, tiny_target
 
@@ -28,6 +28,17 @@ def _explicit_layer_attention(attn, x_normed, ctx, ctx_pos, block_pos, inv_freq)
     weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(Dh), dim=-1)  # no mask: non-causal
     out = (weights @ v).transpose(1, 2).reshape(*x_normed.shape[:2], -1)
     return attn.o_proj(out)
+
+
+def test_linear_rows_equals_linear_on_a_strided_slice():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 8, 16)
+    weight, bias = torch.randn(40, 16), torch.randn(40)
+    rows = hidden[:, 1:4]  # [3, 3, 16], a strided view, as the head's input in a decode step
+    out = linear_rows(rows, weight, bias)
+    assert out.shape == (3, 3, 40)
+    torch.testing.assert_close(out, torch.nn.functional.linear(rows, weight, bias))
+    torch.testing.assert_close(linear_rows(rows, weight), rows @ weight.T)
 
 
 def test_grouped_attention_equals_repeated_kv():

@@ -28,6 +28,16 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., D] @ weight[N, D]^T (+ bias) -> [..., N], computed on x as one [M, D] matrix.
+
+    A strided 3-D slice (the block's rows 1..n) sends a bf16 `F.linear` down a CPU path about 25x slower than
+    the same rows as a 2-D matrix; every head over chosen rows goes through here.
+    """
+    flat = x.reshape(-1, x.shape[-1])
+    return F.linear(flat, weight, bias).view(*x.shape[:-1], -1)
+
+
 def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     """The default RoPE frequencies, theta^(-2i/Dh): [Dh/2] float32."""
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

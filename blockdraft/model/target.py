@@ -16,7 +16,7 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from .layers import grouped_attention
+from .layers import grouped_attention, linear_rows
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 
@@ -71,10 +71,8 @@ class Target:
         return KVCache(self.num_layers, batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head over final-normed rows [..., D] -> [..., V] float32 (as one [N, D] matrix: a strided 3-D
-        slice sends a bf16 linear down a much slower CPU path)."""
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        return self.lm_head(flat).float().view(*hidden.shape[:-1], -1)
+        """LM head over final-normed rows [..., D] -> [..., V] float32."""
+        return linear_rows(hidden, self.lm_head.weight, getattr(self.lm_head, "bias", None)).float()
 
     def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, positions, mask):
         """One attention block: write this call's K/V at `positions`, attend over slots [0, max+1)."""
