@@ -9,7 +9,7 @@ import torch
 
 from ..cache import KVCache
 from ..model.draft import DFlashDraftModel
-from ..model.layers import linear_rows
+from ..model.packed import head_linear
 from ..model.target import Target
 from .vocab import scatter_logits, with_prompt_tokens
 
@@ -38,8 +38,7 @@ class Drafter:
         # the one loaded beside the draft. Each request adds its prompts' ids.
         self.vocab = getattr(draft, "draft_vocab", None) if vocab is None else vocab
         self.active_ids: torch.Tensor | None = None  # [N'] this request's ids
-        self.head_rows: torch.Tensor | None = None  # [N', D] the LM head's rows for them
-        self.head_bias: torch.Tensor | None = None  # [N'] their bias, for the rare head that has one
+        self.head = None  # rows [..., D] -> their logits over active_ids [..., N'] (packed like the target's)
 
     @property
     def trained_block_size(self) -> int:
@@ -59,8 +58,9 @@ class Drafter:
             ids = self.vocab.to(self.target.device)
             self.active_ids = with_prompt_tokens(ids, prompts) if prompts else ids
             head = self.target.lm_head
-            self.head_rows = head.weight.detach()[self.active_ids]  # [N', D], one gather a request
-            self.head_bias = None if getattr(head, "bias", None) is None else head.bias.detach()[self.active_ids]
+            rows = head.weight.detach()[self.active_ids]  # [N', D], one gather a request
+            bias = None if getattr(head, "bias", None) is None else head.bias.detach()[self.active_ids]
+            self.head = head_linear(rows, bias, pack=self.target.packed)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -100,10 +100,10 @@ class Drafter:
         hidden = self.draft(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
         # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
         rows = hidden[:, 1: K if slots is None else 1 + slots]  # [B, n, D]
-        if self.head_rows is None:
+        if self.head is None:
             return self._softcap(self.target.logits(rows))
         # Scored over the proposal vocabulary only [B, n, N']; -inf elsewhere (after the softcap).
-        logits = self._softcap(linear_rows(rows, self.head_rows, self.head_bias).float())
+        logits = self._softcap(self.head(rows).float())
         return scatter_logits(logits, self.active_ids, self.target.lm_head.weight.shape[0])
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:

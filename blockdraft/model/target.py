@@ -16,7 +16,8 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from .layers import grouped_attention, linear_rows
+from .layers import grouped_attention
+from .packed import fits_in_memory, head_linear, pack_linear, packing_supported
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 
@@ -28,9 +29,14 @@ class TargetOutput:
 
 
 class Target:
-    """The verifier: wraps an HF causal LM and its tokenizer."""
+    """The verifier: wraps an HF causal LM and its tokenizer.
 
-    def __init__(self, model, tokenizer=None, name: str = "") -> None:
+    `pack_weights` (None: when it pays) runs the linears over weights packed once for the CPU's bf16 kernels
+    (packed.py): same results, faster steps, a second copy of the linears in memory. None packs a bf16 CPU
+    target whose copy fits in a quarter of the machine's memory.
+    """
+
+    def __init__(self, model, tokenizer=None, name: str = "", pack_weights: bool | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "")
@@ -50,6 +56,22 @@ class Target:
         self.head_dim = attn.head_dim
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
+        self.packed = self._should_pack() if pack_weights is None else pack_weights and self._can_pack()
+        wrap = pack_linear if self.packed else (lambda module: module)
+        # Per layer: the seven projections, packed or the HF modules themselves.
+        self.linears = [
+            {name: wrap(module) for name, module in _projections(layer).items()} for layer in self.layers
+        ]
+        self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
+
+    def _can_pack(self) -> bool:
+        return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(self.lm_head.weight)
+
+    def _should_pack(self) -> bool:
+        if not self._can_pack():
+            return False
+        linears = [self.lm_head, *(m for layer in self.layers for m in _projections(layer).values())]
+        return fits_in_memory(sum(m.weight.numel() * m.weight.element_size() for m in linears))
 
     @property
     def num_layers(self) -> int:
@@ -72,15 +94,15 @@ class Target:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over final-normed rows [..., D] -> [..., V] float32."""
-        return linear_rows(hidden, self.lm_head.weight, getattr(self.lm_head, "bias", None)).float()
+        return self.head(hidden).float()
 
     def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, positions, mask):
         """One attention block: write this call's K/V at `positions`, attend over slots [0, max+1)."""
-        attn = layer.self_attn
+        attn, linear = layer.self_attn, self.linears[index]
         B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, H, T, Dh]
-        k = attn.k_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
-        v = attn.v_proj(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        q = linear["q"](x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, H, T, Dh]
+        k = linear["k"](x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        v = linear["v"](x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
         c, s = cos[:, None], sin[:, None]
@@ -89,7 +111,12 @@ class Target:
         cache.write(index, k, v, positions)
         keys, values = cache.read(index, mask.shape[-1])
         out = grouped_attention(q, keys, values, mask)
-        return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return linear["o"](out.transpose(1, 2).reshape(B, T, -1))
+
+    def _mlp(self, layer, x, index: int):
+        """The layer's gated MLP, down(act(gate(x)) * up(x)), over its (packed) projections."""
+        linear = self.linears[index]
+        return linear["down"](layer.mlp.act_fn(linear["gate"](x)) * linear["up"](x))
 
     def forward(
         self,
@@ -113,7 +140,7 @@ class Target:
         wanted = set(tap_layer_ids)
         for index, layer in enumerate(self.layers):
             x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, positions, mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._mlp(layer, layer.post_attention_layernorm(x), index)
             if index in wanted:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
                 # post-norm, which the checkpoint loader refuses unless explicitly allowed (FORMAT.md §3.1).
@@ -124,6 +151,19 @@ class Target:
             rows = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
             logits = self.logits(self.final_norm(rows))
         return TargetOutput(logits=logits, features=features)
+
+
+def _projections(layer) -> dict:
+    """The seven linears of a Llama/Qwen decoder layer by short name."""
+    attn, mlp = layer.self_attn, layer.mlp
+    names = {"q": (attn, "q_proj"), "k": (attn, "k_proj"), "v": (attn, "v_proj"), "o": (attn, "o_proj"),
+             "gate": (mlp, "gate_proj"), "up": (mlp, "up_proj"), "down": (mlp, "down_proj")}
+    modules = {name: getattr(owner, attr, None) for name, (owner, attr) in names.items()}
+    missing = [f"{name}_proj" for name, m in modules.items() if m is None]
+    if missing or not hasattr(mlp, "act_fn"):
+        raise ConfigError(f"target layer lacks {missing or ['mlp.act_fn']}; blockdraft drives the Llama/Qwen3 "
+                          "decoder layout (q/k/v/o_proj, gate/up/down_proj); use a Llama- or Qwen3-family model")
+    return modules
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,75 @@
+"""Packed CPU linears: the same bf16 results as F.linear, a copy that never goes stale, a target that uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blockdraft.model.packed import PackedLinear, pack_linear, packing_supported
+from blockdraft.model.target import Target
+
+from conftest import VOCAB, tiny_target
+
+needs_packing = pytest.mark.skipif(not packing_supported(torch.zeros(1, 1, dtype=torch.bfloat16)),
+                                   reason="this torch build has no oneDNN packed linear")
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])
+def test_packed_linear_equals_linear_bit_for_bit(rows):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=g).bfloat16()
+    bias = torch.randn(96, generator=g).bfloat16()
+    x = torch.randn(2, rows, 64, generator=g).bfloat16()
+    for b in (None, bias):
+        assert torch.equal(PackedLinear(weight, b)(x), F.linear(x, weight, b))
+    strided = torch.randn(2, rows + 1, 64, generator=g).bfloat16()[:, 1:]  # a block's rows 1..n
+    assert torch.equal(PackedLinear(weight)(strided), F.linear(strided, weight))
+
+
+@needs_packing
+def test_a_weight_changed_in_place_is_packed_again():
+    linear = torch.nn.Linear(64, 32, bias=False).bfloat16()
+    packed = pack_linear(linear)
+    x = torch.randn(1, 64).bfloat16()
+    with torch.no_grad():
+        linear.weight.mul_(-2.0)  # as a loaded state dict would change it
+    assert torch.equal(packed(x), F.linear(x, linear.weight))
+
+
+def test_float32_and_gradients_keep_the_plain_linear():
+    linear = torch.nn.Linear(64, 32)
+    assert pack_linear(linear) is linear, "float32 weights are not packed (slower at 1-2 rows, other rounding)"
+    if packing_supported(torch.zeros(1, 1, dtype=torch.bfloat16)):
+        bf16 = torch.nn.Linear(64, 32).bfloat16()
+        x = torch.randn(3, 64).bfloat16().requires_grad_()
+        pack_linear(bf16)(x).sum().backward()  # the packed kernel has no backward: F.linear must take it
+        assert x.grad is not None
+
+
+@needs_packing
+def test_packed_target_equals_unpacked_target():
+    plain = tiny_target("qwen3", layers=3)
+    plain.model.bfloat16()
+    packed = Target(plain.model, pack_weights=True)
+    unpacked = Target(plain.model, pack_weights=False)
+    assert packed.packed and not unpacked.packed
+    ids = torch.randint(3, VOCAB - 1, (2, 7))
+    positions = torch.arange(7).expand(2, 7)
+    rows = torch.arange(7).expand(2, 7)
+    outs = [t.forward(ids, positions, t.new_cache(2, 16), (0, 2), logit_rows=rows) for t in (packed, unpacked)]
+    assert torch.equal(outs[0].logits, outs[1].logits)
+    assert torch.equal(outs[0].features, outs[1].features)
+
+
+def test_float32_target_is_not_packed_by_default():
+    assert not tiny_target("llama", layers=2).packed
+
+
+@needs_packing
+def test_inference_tensor_weights_pack():
+    with torch.inference_mode():  # how the target's weights load
+        weight = torch.randn(32, 64).bfloat16()
+    x = torch.randn(2, 64).bfloat16()
+    assert torch.equal(PackedLinear(weight)(x), F.linear(x, weight))
