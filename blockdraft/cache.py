@@ -37,6 +37,14 @@ class KVCache:
         """Slots [0, upto) of `layer`: two [B, Hkv, upto, Dh] views."""
         return self.keys[layer][:, :, :upto], self.values[layer][:, :, :upto]
 
+    def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
+        """Copy each row's slots source [B, n] to its slots dest [B, n] in every layer (a token tree's accepted
+        path to the slots of its positions). All sources are read before any destination is written."""
+        rows = torch.arange(source.shape[0], device=source.device)[:, None]  # [B, 1]
+        for layer in range(len(self.keys)):
+            self.keys[layer][rows, :, dest] = self.keys[layer][rows, :, source]
+            self.values[layer][rows, :, dest] = self.values[layer][rows, :, source]
+
     def crop_to(self, lengths: torch.Tensor) -> None:
         """Roll back (or advance) each row to `lengths` [B] valid slots."""
         self.lengths = lengths.clone()

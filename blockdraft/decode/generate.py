@@ -84,6 +84,7 @@ def stream(
     stats: list[AcceptanceStats] | None = None,
     adaptive: bool = False,
     lookup: bool | PromptLookup = False,
+    tree: bool = False,
     drop: Callable[[], Iterable[int]] | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
@@ -97,6 +98,9 @@ def stream(
     unchanged, the speed never far below the target alone's. `lookup` (True, or a PromptLookup to keep its
     measurements across calls) lets a step verify a block continued from an earlier occurrence of the row's
     last tokens instead of the draft's, when that pays more (lookup.py); the output is unchanged again.
+    `tree` verifies the draft's likeliest alternatives too, as a token tree (tree.py), when decoding is greedy:
+    a fixed width then means a tree of K nodes, and `adaptive` picks from 1 to 2K nodes. Sampled decoding
+    verifies the block as a chain whatever `tree` says; the output is unchanged either way.
     """
     drafter = as_drafter(target, draft, block_size)
     K = drafter.block_size if drafter else 1
@@ -104,12 +108,14 @@ def stream(
     if stop_token_ids is None:
         stop_token_ids = eos_ids(target)
     selector = selector or Selector(num_rows=len(prompts))
-    capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + K
+    tree = tree and drafter is not None and K > 1 and selector.params.greedy
+    # A tree's nodes sit in the slots after the anchor's, up to 2K of them (positions stay within K).
+    capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + (2 * K if tree else K)
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:
         drafter.start(len(prompts), capacity, prompts)
-    policy = make_policy(K, adaptive) if drafter is not None else None
+    policy = make_policy(K, adaptive, tree) if drafter is not None else None
     finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
     events = prefill(state, target, drafter, selector, stats, policy)
     while True:
@@ -125,11 +131,11 @@ def stream(
                 drafter.keep_rows(live)
         if not state.batch:
             return
-        events = step(state, target, drafter, selector, stats, policy, finder)
+        events = step(state, target, drafter, selector, stats, policy, finder, tree)
 
 
 def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None,
-             adaptive=False, lookup=False):
+             adaptive=False, lookup=False, tree=False):
     """Decode every prompt to completion; one GenerationResult per prompt, in order."""
     drafter = as_drafter(target, draft, block_size)
     stats = [AcceptanceStats(drafter.block_size if drafter else 1) for _ in prompts]
@@ -138,7 +144,7 @@ def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, sto
     start = time.perf_counter()
     for event in stream(target, drafter, prompts, max_new_tokens=max_new_tokens,
                         stop_token_ids=stop_token_ids, selector=selector, stats=stats, adaptive=adaptive,
-                        lookup=lookup):
+                        lookup=lookup, tree=tree):
         tokens[event.row].extend(event.tokens)
         if event.finish_reason is not None:
             reasons[event.row] = event.finish_reason

@@ -83,11 +83,15 @@ class AdaptiveWidth:
             out[i] = prior = float(mean)
         return out
 
+    def gains(self) -> torch.Tensor:
+        """E(w) for w = 1..K [K] float64: expected committed tokens of a step of each width."""
+        return expected_tokens(self.alpha())
+
     def choose(self) -> int:
         unmeasured = [w for w in self.widths if w not in self.seconds]
         if unmeasured:  # time every width once first, the cheapest first
             return unmeasured[0]
-        gain = expected_tokens(self.alpha())
+        gain = self.gains()
 
         def rate(w: int) -> float:  # expected tokens per second; drafting must win by `margin` (timing noise)
             return float(gain[w - 1]) / self.seconds[w] / (self.margin if w > 1 else 1.0)
@@ -105,18 +109,12 @@ class AdaptiveWidth:
         """The best expected tokens per second over the widths (None until every width has been timed)."""
         if any(w not in self.seconds for w in self.widths):
             return None
-        gain = expected_tokens(self.alpha())
+        gain = self.gains()
         return max(float(gain[w - 1]) / self.seconds[w] for w in self.widths)
 
     def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
         """One step of `width` took `seconds`; row r accepted num_accepted[r] of its width-1 proposals."""
-        self.steps += 1
-        # A width's first measurement may carry one-off start-up costs: its second (when it is next chosen or
-        # re-measured) replaces it outright.
-        count = self.measurements.get(width, 0)
-        s = self.time_smoothing
-        self.seconds[width] = seconds if count < 2 else (1 - s) * self.seconds[width] + s * seconds
-        self.measurements[width] = count + 1
+        self._time(width, seconds)
         if width == 1:
             return  # nothing was proposed: acceptance counts stay as they were
         self.reached *= self.decay
@@ -127,8 +125,57 @@ class AdaptiveWidth:
             self.accepted[: width - 1] += (slots <= a).double()
 
 
-def make_policy(block_size: int, adaptive):
-    """adaptive: True (AdaptiveWidth), False (the full block), or a policy object (choose/observe), used as is."""
+    def _time(self, width: int, seconds: float) -> None:
+        self.steps += 1
+        # A width's first measurement may carry one-off start-up costs: its second (when it is next chosen or
+        # re-measured) replaces it outright.
+        count = self.measurements.get(width, 0)
+        s = self.time_smoothing
+        self.seconds[width] = seconds if count < 2 else (1 - s) * self.seconds[width] + s * seconds
+        self.measurements[width] = count + 1
+
+
+class TreeWidth(AdaptiveWidth):
+    """The node count of a token tree (tree.py) with the most expected tokens per second.
+
+    A tree's first w nodes are the tree of w nodes, so a step of width W reports, per row, what each width
+    w <= W would have accepted (`within`); E(w) is then a decayed mean of measured tokens per step, not a
+    product of slot acceptances. A width not yet observed borrows the previous width's mean (more nodes never
+    accept less), through the same prior as the chain's slots.
+    """
+
+    def __init__(self, max_width: int, **kwargs) -> None:
+        super().__init__(max_width, **kwargs)
+        self.accepted_sum = torch.zeros(max_width, dtype=torch.float64)  # decayed sum of accepted guesses
+        self.observed = torch.zeros(max_width, dtype=torch.float64)  # decayed count of rows observed
+
+    def gains(self) -> torch.Tensor:
+        out, prior = torch.ones(self.block_size, dtype=torch.float64), 0.0
+        for w in range(2, self.block_size + 1):
+            mean = (self.accepted_sum[w - 1] + self.prior_strength * prior) / (self.observed[w - 1] + self.prior_strength)
+            prior = max(float(mean), prior)
+            out[w - 1] = 1 + prior
+        return out
+
+    def observe(self, width: int, num_accepted: list[int], seconds: float,
+                within: dict[int, list[int]] | None = None) -> None:
+        """One step of `width` took `seconds`; within[w][r]: guesses row r's first w nodes accepted."""
+        self._time(width, seconds)
+        if width == 1:
+            return
+        within = within or {width: num_accepted}
+        self.accepted_sum *= self.decay
+        self.observed *= self.decay
+        for w, accepted in within.items():
+            self.accepted_sum[w - 1] += sum(accepted)
+            self.observed[w - 1] += len(accepted)
+
+
+def make_policy(block_size: int, adaptive, tree: bool = False):
+    """adaptive: True (AdaptiveWidth; TreeWidth over 1..2K nodes for a tree), False (the full block: K slots or
+    K nodes), or a policy object (choose/observe), used as is."""
     if not isinstance(adaptive, bool):
         return adaptive
-    return AdaptiveWidth(block_size) if adaptive and block_size > 1 else FixedWidth(block_size)
+    if adaptive and block_size > 1:
+        return TreeWidth(2 * block_size) if tree else AdaptiveWidth(block_size)
+    return FixedWidth(block_size)

@@ -12,8 +12,10 @@ import torch
 from ..model.target import Target
 from .drafter import Drafter
 from .lookup import PromptLookup
+from .policy import TreeWidth
 from .selection import Selector
 from .state import DecodeState
+from .tree import TOP_K, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, max_nodes
 
 
 def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats, policy=None):
@@ -31,12 +33,13 @@ def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selecto
 
 
 def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats,
-         policy=None, lookup: PromptLookup | None = None):
+         policy=None, lookup: PromptLookup | None = None, tree: bool = False):
     """Draft (or look up), verify, accept, roll back; returns [(row_id, new_tokens)] for the caller to stream.
 
     `policy` (see policy.py) picks the verify width w <= K of this step and is told how it went; without one
     every step verifies the full block. `lookup` (lookup.py), when given, may take the step instead: a block
-    continued from an earlier occurrence of each row's last tokens, at the width of its own policy.
+    continued from an earlier occurrence of each row's last tokens, at the width of its own policy. `tree`
+    (greedy only) verifies a token tree of w nodes instead of a block of w slots (`tree_step`).
     """
     started = time.perf_counter()
     anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
@@ -50,6 +53,8 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     #    step (w = 1) leaves the draft alone: its pending positions wait for the next drafted step, fed at once.
     #    So does a lookup step, whose proposals are the looked-up tokens (no longer than the longest match).
     drafted = width > 1 and not use_lookup
+    if drafted and tree:
+        return tree_step(state, target, drafter, stats, chooser, width, started)
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
@@ -86,6 +91,47 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
                                                            num_accepted + 1)
     else:
         state.pending, state.pending_counts = features, num_accepted + 1
+    return events
+
+
+def tree_step(state: DecodeState, target: Target, drafter: Drafter, stats, policy, width: int, started: float):
+    """One greedy step over a token tree of `width` nodes (tree.py), numbered as `step`."""
+    anchors, s = state.anchors()  # [B], [B]
+    B = anchors.shape[0]
+
+    # 1. Draft: the block's slot distributions, then the `width` likeliest nodes over them.
+    drafter.append_context(state.pending, state.pending_counts)
+    slots = min(drafter.block_size - 1, width - 1)
+    log_q = drafter.propose(anchors, s, slots=slots).log_softmax(dim=-1)  # [B, n, V]
+    tree = build_tree(anchors, log_q, min(width, max_nodes(slots, TOP_K)), TOP_K)
+    N = tree.size
+
+    # 2. Verify: node i at position s + depth_i, in cache slot s + i, sees the context and its ancestors.
+    index = torch.arange(N, device=anchors.device).expand(B, N)  # [B, N]
+    out = target.forward(tree.tokens, s[:, None] + tree.depths, state.target_cache, drafter.tap_layer_ids,
+                         logit_rows=index, slots=s[:, None] + index, block_mask=ancestors(tree.parents))
+
+    # 3. Accept: the path of nodes the target agrees with, then the target's own token after its deepest node.
+    target_tokens = out.logits.argmax(dim=-1)  # [B, N]
+    ok = accepted_nodes(tree, target_tokens)  # [B, N]
+    path, num_accepted, bonus = accept_path(tree, ok, target_tokens)  # [B, P], [B], [B]
+    committed = torch.cat([tree.tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)  # [B, P]
+    committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
+    events = state.commit(committed, num_accepted + 1, stats, min(N, drafter.block_size))
+    if isinstance(policy, TreeWidth):  # what each narrower tree would have accepted, from this one step
+        within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= N}
+        policy.observe(N, num_accepted.tolist(), time.perf_counter() - started, within=within)
+    elif policy is not None:
+        policy.observe(N, num_accepted.tolist(), time.perf_counter() - started)
+
+    # 4. Roll back: the accepted path's K/V move to the slots of their positions; the rest lies past the length.
+    P = path.shape[1]
+    state.target_cache.move(s[:, None] + path, s[:, None] + torch.arange(P, device=path.device))
+    state.target_cache.crop_to(s + num_accepted + 1)
+    features = out.features
+    if features is not None:  # the path's tapped features, in depth order [B, P, L*D]
+        features = features.gather(1, path[..., None].expand(B, P, features.shape[-1]))
+    state.pending, state.pending_counts = features, num_accepted + 1
     return events
 
 

@@ -96,8 +96,8 @@ class Target:
         """LM head over final-normed rows [..., D] -> [..., V] float32."""
         return self.head(hidden).float()
 
-    def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, positions, mask):
-        """One attention block: write this call's K/V at `positions`, attend over slots [0, max+1)."""
+    def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, slots, mask):
+        """One attention block: write this call's K/V at `slots` [B, T], attend over the mask's span."""
         attn, linear = layer.self_attn, self.linears[index]
         B, T, _ = x.shape
         q = linear["q"](x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, H, T, Dh]
@@ -108,7 +108,7 @@ class Target:
         c, s = cos[:, None], sin[:, None]
         q = q * c + _rotate_half(q) * s
         k = k * c + _rotate_half(k) * s
-        cache.write(index, k, v, positions)
+        cache.write(index, k, v, slots)
         keys, values = cache.read(index, mask.shape[-1])
         out = grouped_attention(q, keys, values, mask)
         return linear["o"](out.transpose(1, 2).reshape(B, T, -1))
@@ -125,21 +125,24 @@ class Target:
         cache: KVCache,
         tap_layer_ids: tuple[int, ...] = (),
         logit_rows: torch.Tensor | None = None,  # [B, R] indices into T, or None for no logits
+        slots: torch.Tensor | None = None,  # [B, T] cache slots to write; None: the positions themselves
+        block_mask: torch.Tensor | None = None,  # [B, T, T] bool: which new tokens each new token sees
     ) -> TargetOutput:
         """Causal forward of new tokens against the cache; writes their K/V, leaves lengths alone.
 
         A query at position p sees cache slots 0..p (slots past a row's own tokens are masked, so stale
-        entries from a rolled-back block are never read).
+        entries from a rolled-back block are never read). A token tree (tree.py) passes `slots` (node i in
+        slot s+i, at position s+depth) and `block_mask` (its ancestors): a query then sees the slots before
+        the row's first new slot, and the new tokens its mask allows.
         """
-        span = int(positions.max()) + 1
-        slots = torch.arange(span, device=positions.device)
-        mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, span]
+        mask = _attention_mask(positions, slots, block_mask)  # [B, T, span]
+        slots = positions if slots is None else slots
         x = self.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = self.rotary(x, positions)  # [B, T, Dh] each
         tapped = {}
         wanted = set(tap_layer_ids)
         for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, positions, mask)
+            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, slots, mask)
             x = x + self._mlp(layer, layer.post_attention_layernorm(x), index)
             if index in wanted:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
@@ -151,6 +154,17 @@ class Target:
             rows = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
             logits = self.logits(self.final_norm(rows))
         return TargetOutput(logits=logits, features=features)
+
+
+def _attention_mask(positions: torch.Tensor, slots: torch.Tensor | None, block_mask: torch.Tensor | None):
+    """[B, T, span] bool over cache slots: causal by position, or context-plus-`block_mask` for a tree."""
+    if slots is None:
+        columns = torch.arange(int(positions.max()) + 1, device=positions.device)
+        return columns[None, None, :] <= positions[:, :, None]
+    B, T = slots.shape
+    columns = torch.arange(int(slots.max()) + 1, device=slots.device)
+    mask = (columns[None, :] < slots[:, :1]).unsqueeze(1).repeat(1, T, 1)  # the context before the first slot
+    return mask.scatter(2, slots[:, None, :].expand(B, T, T), block_mask)
 
 
 def _projections(layer) -> dict:

@@ -1,0 +1,208 @@
+"""Token trees: best-first construction, the ancestor mask, greedy path acceptance, the tree forward, and a
+tree decode that stays the target's own greedy output while accepting the draft's runners-up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.cache import KVCache
+from blockdraft.decode.generate import generate
+from blockdraft.decode.policy import TreeWidth, make_policy
+from blockdraft.decode.tree import (
+    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, chain, max_nodes,
+)
+from blockdraft.sampling import greedy_step
+
+from conftest import VOCAB, ScriptedDrafter, tiny_draft, tiny_target
+
+PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+
+
+def random_log_q(B=2, n=4, V=VOCAB, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, n, V, generator=g) * 3).log_softmax(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# construction
+
+
+def test_tree_is_best_first_and_parents_come_first():
+    log_q = random_log_q()
+    tree = build_tree(torch.tensor([5, 6]), log_q, 12)
+    for b in range(2):
+        scores = [0.0]
+        for i in range(1, 12):
+            parent, depth = int(tree.parents[b, i]), int(tree.depths[b, i])
+            assert 0 <= parent < i and int(tree.depths[b, parent]) == depth - 1
+            scores.append(scores[parent] + float(log_q[b, depth - 1, tree.tokens[b, i]]))
+        assert all(x >= y - 1e-6 for x, y in zip(scores, scores[1:])), "nodes must come best first"
+        children = {}
+        for i in range(1, 12):
+            children.setdefault(int(tree.parents[b, i]), []).append(int(tree.tokens[b, i]))
+        assert all(len(set(c)) == len(c) for c in children.values()), "siblings must differ"
+    assert tree.tokens[:, 0].tolist() == [5, 6] and tree.parents[:, 0].tolist() == [-1, -1]
+
+
+def test_the_first_w_nodes_are_the_tree_of_w_nodes():
+    log_q = random_log_q(seed=1)
+    big = build_tree(torch.tensor([5, 6]), log_q, 16)
+    for w in (1, 2, 5, 9):
+        small = build_tree(torch.tensor([5, 6]), log_q, w)
+        assert torch.equal(small.tokens, big.tokens[:, :w]) and torch.equal(small.parents, big.parents[:, :w])
+
+
+def test_a_confident_draft_gives_its_chain_first():
+    log_q = torch.full((1, 3, VOCAB), -20.0)
+    for d, token in enumerate([11, 12, 13]):
+        log_q[0, d, token] = 0.0
+    tree = build_tree(torch.tensor([4]), log_q, 4)
+    assert tree.tokens[0].tolist() == [4, 11, 12, 13] and tree.parents[0].tolist() == [-1, 0, 1, 2]
+
+
+def test_an_impossible_size_is_refused():
+    with pytest.raises(ValueError, match="holds 1..5 nodes"):
+        build_tree(torch.tensor([1]), random_log_q(B=1, n=1), 6)
+    assert max_nodes(2, 4) == 21
+
+
+# ---------------------------------------------------------------------------------------------------------
+# mask and acceptance
+
+
+HAND = Tree(tokens=torch.tensor([[9, 20, 21, 30, 31, 40]]),  # anchor 9; 20, 21 at depth 1; 30 under 20,
+            parents=torch.tensor([[-1, 0, 0, 1, 2, 4]]),  # 31 under 21; 40 under 31
+            depths=torch.tensor([[0, 1, 1, 2, 2, 3]]))
+
+
+def test_ancestor_mask_of_a_hand_built_tree():
+    mask = ancestors(HAND.parents)[0]
+    assert mask[5].nonzero()[:, 0].tolist() == [0, 2, 4, 5]
+    assert mask[3].nonzero()[:, 0].tolist() == [0, 1, 3]
+    assert mask[1].nonzero()[:, 0].tolist() == [0, 1]
+
+
+def test_the_path_through_a_runner_up_is_accepted():
+    # The target wants 21 after the anchor, then 31, then 40, then 77.
+    argmax = torch.tensor([[21, 0, 31, 0, 40, 77]])
+    ok = accepted_nodes(HAND, argmax)
+    path, num_accepted, bonus = accept_path(HAND, ok, argmax)
+    assert path[0].tolist() == [0, 2, 4, 5] and num_accepted.tolist() == [3] and bonus.tolist() == [77]
+    assert accepted_depth(HAND, ok, 3).tolist() == [1] and accepted_depth(HAND, ok, 2).tolist() == [0]
+    miss = torch.tensor([[50, 0, 0, 0, 0, 0]])  # nothing agrees: the target's own token after the anchor
+    path, num_accepted, bonus = accept_path(HAND, accepted_nodes(HAND, miss), miss)
+    assert path[0].tolist() == [0] and num_accepted.tolist() == [0] and bonus.tolist() == [50]
+
+
+def test_a_chain_accepts_as_the_block_does():
+    g = torch.Generator().manual_seed(3)
+    anchors = torch.randint(0, 5, (64,), generator=g)
+    proposals = torch.randint(0, 3, (64, 5), generator=g)  # few symbols: every acceptance length occurs
+    logits = torch.randn(64, 6, 3, generator=g)
+    tree = chain(anchors, proposals)
+    argmax = logits.argmax(-1)
+    path, num_accepted, bonus = accept_path(tree, accepted_nodes(tree, argmax), argmax)
+    expected_accepted, expected_bonus = greedy_step(logits, proposals)
+    assert torch.equal(num_accepted, expected_accepted) and torch.equal(bonus, expected_bonus)
+
+
+def test_cache_move_copies_slots_per_row():
+    cache = KVCache(2, 2, 1, 6, 1, torch.float32, "cpu")
+    for layer in range(2):
+        cache.keys[layer][:, 0, :, 0] = torch.arange(12.0).view(2, 6)
+    cache.move(torch.tensor([[3, 5], [2, 4]]), torch.tensor([[1, 2], [1, 2]]))
+    assert cache.keys[1][:, 0, :, 0].tolist() == [[0, 3, 5, 3, 4, 5], [6, 8, 10, 9, 10, 11]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the tree forward
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_each_tree_node_sees_exactly_its_path(family):
+    """Verifying a tree in one forward gives every node the logits of a plain causal forward of its path."""
+    target = tiny_target(family)
+    context = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    tree = HAND
+    T, N = context.shape[1], tree.size
+    cache = target.new_cache(1, T + N)
+    target.forward(context, torch.arange(T)[None], cache)
+    index = torch.arange(N)[None]
+    out = target.forward(tree.tokens, T + tree.depths, cache, logit_rows=index, slots=T + index,
+                         block_mask=ancestors(tree.parents))
+    mask = ancestors(tree.parents)[0]
+    for node in range(N):
+        path = tree.tokens[0, mask[node]]  # ancestors in depth order
+        ids = torch.cat([context[0], path])[None]
+        alone = target.forward(ids, torch.arange(ids.shape[1])[None], target.new_cache(1, ids.shape[1]),
+                               logit_rows=torch.tensor([[ids.shape[1] - 1]]))
+        torch.testing.assert_close(out.logits[0, node], alone.logits[0, 0], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decoding
+
+
+class RankedDrafter(ScriptedDrafter):
+    """A fake draft that is unsure at slot 1, where its first choice is wrong and its runner-up right, and
+    right but less sure at later slots. A chain accepts nothing from it; a tree of three nodes or more holds
+    the runner-up (best-first: slot 1's two guesses outscore any slot-2 guess) and accepts it every step."""
+
+    def propose(self, anchors, anchor_positions, slots=None):
+        K = self.block_size
+        logits = torch.zeros(anchors.shape[0], K - 1, VOCAB)
+        for b, (row, s) in enumerate(zip(self.rows.tolist(), anchor_positions.tolist())):
+            ref = self.reference[row]
+            for k in range(1, K):
+                truth = ref[s + k] if s + k < len(ref) else 0
+                logits[b, k - 1, truth] = 10.0 if k == 1 else 3.0
+            truth = ref[s + 1] if s + 1 < len(ref) else 0
+            logits[b, 0, (truth + 1) % VOCAB] = 10.5  # the wrong token ranks first
+        return logits[:, :slots]
+
+
+def _reference(target, max_new):
+    base = generate(target, None, PROMPTS, max_new_tokens=max_new + 16, stop_token_ids=[])
+    return [p + r.tokens for p, r in zip(PROMPTS, base)]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_tree_decode_equals_target_greedy_with_every_acceptance_length(adaptive):
+    target = tiny_target("qwen3")
+    reference = _reference(target, 60)
+    spec = generate(target, ScriptedDrafter(reference, 4), PROMPTS, max_new_tokens=60, stop_token_ids=[],
+                    tree=True, adaptive=adaptive)
+    for ref, p, s in zip(reference, PROMPTS, spec):
+        assert s.tokens == ref[len(p): len(p) + 60], "a tree step changed the target's greedy output"
+
+
+def test_a_tree_accepts_the_runner_up_that_a_chain_rejects():
+    target = tiny_target("llama")
+    reference = _reference(target, 40)
+    runs = {tree: generate(target, RankedDrafter(reference, 4), PROMPTS, max_new_tokens=40, stop_token_ids=[],
+                           tree=tree) for tree in (False, True)}
+    for ref, p, s in zip(reference, PROMPTS, runs[True]):
+        assert s.tokens == ref[len(p): len(p) + 40]
+    chain_tau = [r.stats.mean_tau for r in runs[False]]
+    tree_tau = [r.stats.mean_tau for r in runs[True]]
+    assert all(t == 1.0 for t in chain_tau), chain_tau
+    assert all(t >= 2.0 for t in tree_tau), f"a 4-node tree must accept the runner-up and more: {tree_tau}"
+
+
+def test_tree_decode_with_a_real_draft_equals_target_greedy():
+    target = tiny_target("qwen3")
+    draft = tiny_draft(target, block_size=8)
+    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    spec = generate(target, draft, PROMPTS, max_new_tokens=40, stop_token_ids=[], tree=True, adaptive=True)
+    assert [s.tokens for s in spec] == [b.tokens for b in base]
+
+
+def test_tree_width_learns_from_what_narrower_trees_would_have_accepted():
+    policy = make_policy(4, True, tree=True)
+    assert isinstance(policy, TreeWidth) and policy.widths == [1, 2, 4, 8]
+    for _ in range(20):
+        policy.observe(8, [3], 0.01, within={2: [0], 4: [1], 8: [3]})
+    gains = policy.gains()
+    assert gains[0] == 1.0 and gains[1] < 1.3 and 1.7 < gains[3] < 2.1 and 3.5 < gains[7] <= 4.0
+    assert all(a <= b for a, b in zip(gains, gains[1:])), "more nodes never expect fewer tokens"
