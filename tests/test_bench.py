@@ -116,7 +116,7 @@ def test_report_ends_stdout_with_one_json_line(bench_out):
     rc, stdout, out = bench_out
     assert rc == 0
     line = json.loads(stdout.rstrip("\n").splitlines()[-1])
-    assert set(line["methods"]) == {"ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft",
+    assert set(line["methods"]) == {"ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree",
                                    "blockdraft-adaptive", "blockdraft-lookup"}
     assert (line["K"], line["N"], line["batch_size"], line["dtype"]) == (4, 4, 2, "float32")
     assert line["methods"]["blockdraft"]["mean_tau"] >= 1.0
@@ -125,7 +125,7 @@ def test_report_ends_stdout_with_one_json_line(bench_out):
 def test_report_writes_full_json_and_png(bench_out):
     _, _, out = bench_out
     document = json.loads((out / "bench.json").read_text())
-    assert len(document["rows"]) == 2 * 6, "one row per (batch, method)"
+    assert len(document["rows"]) == 2 * 7, "one row per (batch, method)"
     assert {"device", "torch", "transformers"} <= set(document["hardware"]) and document["date"]
     assert len(document["acceptance"]["blockdraft"]["tau_histogram"]) == 4
     # fp32 tiny targets have no near-ties: every greedy method must reproduce our baseline exactly.
@@ -163,7 +163,8 @@ def test_reference_runtime_is_skipped_with_a_note_when_missing(monkeypatch):
 
 
 def test_adaptive_method_keeps_one_policy_across_prompts():
-    from blockdraft.bench.methods import ADAPTIVE, LOOKUP, SPECULATIVE, build_methods
+    from blockdraft.bench.methods import ADAPTIVE, LOOKUP, SPECULATIVE, TREE, build_methods
+    from blockdraft.decode.policy import TreeWidth
 
     target = tiny_target("llama")
     methods, _ = build_methods(target, tiny_draft(target, block_size=4), 4, [STOP])
@@ -175,6 +176,10 @@ def test_adaptive_method_keeps_one_policy_across_prompts():
     adaptive.decode([[3, 4]], 6)
     assert adaptive.policy is policy and policy.steps > steps, "the second prompt goes on with the same policy"
     assert next(m for m in methods if m.name == SPECULATIVE).policy is False, "the full-block method stays fixed"
+    fixed_tree = next(m for m in methods if m.name == TREE)
+    assert fixed_tree.tree and fixed_tree.policy is False and not next(
+        m for m in methods if m.name == SPECULATIVE).tree, "only the tree methods verify trees"
+    assert adaptive.tree and isinstance(policy, TreeWidth), "adaptive methods pick a tree's node count"
     assert adaptive.lookup is False
     with_lookup = next(m for m in methods if m.name == LOOKUP)
     finder = with_lookup.lookup

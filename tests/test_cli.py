@@ -51,7 +51,7 @@ def test_generate_compare_with_lookups_names_the_mode_and_matches(folders, capsy
     target, draft = folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
                        "float32", "--max-new-tokens", "24", "--compare")
-    assert code == 0 and "identical" in out and "adaptive, lookup" in out, out
+    assert code == 0 and "identical" in out and "adaptive, lookup, tree" in out, out
     code, out, _ = run(capsys, "generate", "abcabc", "--target", target, "--draft", draft, "--dtype", "float32",
                        "--max-new-tokens", "8", "--compare", "--lookup", "off")
     assert code == 0 and "adaptive," in out and "lookup" not in out.splitlines()[-1]
@@ -74,6 +74,7 @@ def test_inspect_prints_the_config_and_validates(folders, capsys):
         (["--block-size", "99"], "block_size"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
+        (["--tree", "on", "--temperature", "0.7"], "--tree on"),
     ],
 )
 def test_bad_input_exits_2_naming_the_parameter(folders, capsys, extra, word):

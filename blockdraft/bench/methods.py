@@ -3,10 +3,12 @@
 - `ours-baseline`: the target alone through our decode loop (draft None, same code path as speculative).
 - `hf-generate`: transformers' greedy `generate` on the same target weights.
 - `hf-prompt-lookup`: transformers' prompt-lookup decoding (`prompt_lookup_num_tokens=10`); batch 1 only.
-- `blockdraft`: our DFlash speculative decoding, every step verifying the full block.
-- `blockdraft-adaptive`: the same with adaptive verify widths (policy.py: down to plain steps when drafts miss),
-  one policy for the whole run, as the server keeps one: step times and acceptance learnt on one prompt carry
-  over to the next instead of being measured again for each.
+- `blockdraft`: our DFlash speculative decoding, every step verifying the full block (the reference algorithm).
+- `blockdraft-tree`: every step verifying a token tree of K nodes (decode/tree.py): the same verify width, spent
+  on the draft's likeliest alternatives instead of one guess per slot.
+- `blockdraft-adaptive`: token trees of adaptive width (policy.py: 1 to 2K nodes, down to plain steps when
+  drafts miss), one policy for the whole run, as the server keeps one: step times and acceptance learnt on one
+  prompt carry over to the next instead of being measured again for each.
 - `blockdraft-lookup`: adaptive, and a step may verify a prompt-lookup block instead of the draft's when every
   row has a match and that pays more (decode/lookup.py); one lookup kept across prompts, like the policy.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
@@ -26,15 +28,15 @@ import torch
 
 from ..decode.generate import generate
 from ..decode.lookup import PromptLookup
-from ..decode.policy import AdaptiveWidth
+from ..decode.policy import make_policy
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
-BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, ADAPTIVE, LOOKUP, REFERENCE = (
-    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-adaptive", "blockdraft-lookup",
-    "dflash-reference")
+BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE = (
+    "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
+    "blockdraft-lookup", "dflash-reference")
 
 
 @dataclass
@@ -47,18 +49,20 @@ class OursMethod:
     """Our decode loop; `draft=None` is the target-only baseline."""
 
     def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
-                 stop_token_ids: list[int], adaptive: bool = False, lookup: bool = False) -> None:
+                 stop_token_ids: list[int], adaptive: bool = False, lookup: bool = False,
+                 tree: bool = False) -> None:
         self.name, self.target, self.draft = name, target, draft
         self.block_size = block_size if draft is not None else None
         self.stop_token_ids = stop_token_ids
         speculative = draft is not None and block_size is not None and block_size > 1
-        self.policy = AdaptiveWidth(block_size) if adaptive and speculative else False
+        self.tree = tree and speculative
+        self.policy = make_policy(block_size, True, self.tree) if adaptive and speculative else False
         self.lookup = PromptLookup(block_size) if lookup and speculative else False
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
         results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
                            block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.policy,
-                           lookup=self.lookup)
+                           lookup=self.lookup, tree=self.tree)
         return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
 
 
@@ -130,8 +134,9 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         HFMethod(HF_GENERATE, target, stop_token_ids),
         HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS),
         OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids),
-        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True),
-        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True),
+        OursMethod(TREE, target, draft, block_size, stop_token_ids, tree=True),
+        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True),
+        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True),
     ]
     reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
     if reference is not None:

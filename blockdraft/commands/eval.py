@@ -21,6 +21,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--tree", action="store_true",
+                        help="verify token trees of K nodes (the draft's likeliest alternatives per slot) instead of "
+                             "the block: tau then counts what a tree step commits")
     add_model_arguments(parser)
 
 
@@ -33,7 +36,8 @@ def run(args) -> int:
     draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
     K = args.block_size or draft.config.block_size
     dtype_name = str(dtype).removeprefix("torch.")
-    table = Table(title=f"online greedy tau, K={K}, max_new_tokens={args.max_new_tokens}, {dtype_name}")
+    shape = f"token trees of {K} nodes" if args.tree else f"K={K}"
+    table = Table(title=f"online greedy tau, {shape}, max_new_tokens={args.max_new_tokens}, {dtype_name}")
     for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):
         table.add_column(column)
     results = {}
@@ -43,13 +47,14 @@ def run(args) -> int:
             ids = [encode(target, list(p.messages)) for p in prompts]
             task = progress.add_task(name, total=len(ids))
             stats = evaluate_online(target, draft, ids, args.max_new_tokens, K, batch_size=args.batch_size,
-                                    on_batch=lambda n, task=task: progress.advance(task, n))
+                                    on_batch=lambda n, task=task: progress.advance(task, n), tree=args.tree)
             results[name] = stats
     for name, stats in results.items():
         rates = " ".join(f"{r:.2f}" for r in stats.per_position_acceptance())
         table.add_row(name, str(len(sets[name])), f"{stats.mean_tau:.3f}", str(stats.histogram), rates)
     Console().print(table)
-    record = {"block_size": K, "max_new_tokens": args.max_new_tokens, "chat_template": True, "thinking": False,
+    record = {"block_size": K, "tree": args.tree, "max_new_tokens": args.max_new_tokens, "chat_template": True,
+              "thinking": False,
               "hardware": describe(args.device, dtype), "results": {k: v.as_dict() for k, v in results.items()}}
     print(json.dumps(record))
     return 0

@@ -46,6 +46,9 @@ def add_arguments(parser) -> None:
                         help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
                              "lookup) instead of the draft's block, when every row has one and it pays more (same "
                              "output); auto: on when --adaptive is")
+    parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
+                        help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
+                             "forward (greedy only; same output); auto: on when greedy")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
@@ -77,14 +80,17 @@ def run(args) -> int:
     hardware = describe_line(args.device, dtype)
     adaptive = args.adaptive == "on" or (args.adaptive == "auto" and sampling.greedy)
     lookup = args.lookup == "on" or (args.lookup == "auto" and adaptive)
+    tree = sampling.greedy and args.tree != "off"  # a tree is verified greedily: sampling keeps the chain
+    if args.tree == "on" and not sampling.greedy:
+        raise InputError("`--tree on` verifies greedily and cannot sample; drop --tree or use --temperature 0")
     decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax,
-                  adaptive=adaptive, lookup=lookup)
+                  adaptive=adaptive, lookup=lookup, tree=tree)
     single = len(ids) == 1
     if not sampling.greedy:
         rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
         print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}")
     if args.compare:
-        _warm_up(target, draft, ids, block)
+        _warm_up(target, draft, ids, block, tree)
         base_tokens, _, base = _run(target, None, ids, None, **decode)
         spec_tokens, spec_rows, spec = _run(target, draft, ids, block, echo=single, **decode)
         if not single:
@@ -102,7 +108,7 @@ def run(args) -> int:
         else:
             # A K-token verify and a one-token step round differently in 16-bit floats, so near-tie argmaxes can flip.
             same = f"differ ({dtype_name(dtype)} rounding of near-ties; --dtype float32 compares bit-exactly)"
-        modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "")
+        modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "") + (", tree" if tree else "")
         print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{modes}, "
               f"{spec.new_tokens} new tokens, {hardware})")
         return 1 if sampling.greedy and exact and spec_tokens != base_tokens else 0
@@ -157,14 +163,14 @@ def _describe(sampling: SamplingParams) -> str:
     return ", ".join(parts)
 
 
-def _warm_up(target, draft, ids, block) -> None:
+def _warm_up(target, draft, ids, block, tree: bool) -> None:
     """One short run of each at the batch's shape so that neither timed run pays first-call allocation costs."""
     for d in (None, draft):
-        for _ in stream(target, d, ids, max_new_tokens=4, block_size=block if d is not None else None):
+        for _ in stream(target, d, ids, max_new_tokens=4, block_size=block if d is not None else None, tree=tree):
             pass
 
 
-def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, lookup,
+def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, lookup, tree,
          echo: bool = False):
     """Decode all prompts as one batch -> (tokens per row, stats per row, batch stats).
 
@@ -177,7 +183,7 @@ def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, a
     selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
     start = time.perf_counter()
     for event in stream(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block, selector=selector,
-                        stats=stats, adaptive=adaptive, lookup=lookup):
+                        stats=stats, adaptive=adaptive, lookup=lookup, tree=tree):
         tokens[event.row].extend(event.tokens)
         if text is not None:
             sys.stdout.write(text.push(event.tokens))

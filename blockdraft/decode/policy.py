@@ -152,8 +152,8 @@ class TreeWidth(AdaptiveWidth):
     def gains(self) -> torch.Tensor:
         out, prior = torch.ones(self.block_size, dtype=torch.float64), 0.0
         for w in range(2, self.block_size + 1):
-            mean = (self.accepted_sum[w - 1] + self.prior_strength * prior) / (self.observed[w - 1] + self.prior_strength)
-            prior = max(float(mean), prior)
+            total, rows = self.accepted_sum[w - 1], self.observed[w - 1]
+            prior = max(float((total + self.prior_strength * prior) / (rows + self.prior_strength)), prior)
             out[w - 1] = 1 + prior
         return out
 

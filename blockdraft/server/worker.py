@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from ..decode.generate import as_drafter, stream
 from ..decode.lookup import PromptLookup
-from ..decode.policy import AdaptiveWidth
+from ..decode.policy import make_policy
 from ..decode.selection import Selector
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
@@ -108,7 +108,8 @@ class Worker:
         # Greedy batches only (a sampled request's seed must reproduce its text). One policy for the server's
         # life: what it has learnt of acceptance and step times carries over from batch to batch, so short
         # requests do not each pay for timing every width again.
-        self.policy = AdaptiveWidth(self.block_size) if adaptive and self.drafter is not None else None
+        # Greedy batches verify token trees (decode/tree.py), so the policy picks a tree's node count.
+        self.policy = make_policy(self.block_size, True, tree=True) if adaptive and self.drafter is not None else None
         # With the policy, greedy batches may verify prompt-lookup blocks; kept for the server's life likewise.
         self.lookup = PromptLookup(self.block_size) if self.policy is not None and self.block_size > 1 else None
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
@@ -198,6 +199,7 @@ class Worker:
                         max_new_tokens=[job.max_tokens for job in batch], selector=selector, stats=stats,
                         adaptive=self.policy if self.policy is not None and group.greedy else False,
                         lookup=self.lookup if self.lookup is not None and group.greedy else False,
+                        tree=self.policy is not None and group.greedy,
                         drop=lambda: [i for i, job in enumerate(batch) if job.cancelled])
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:

@@ -105,8 +105,9 @@ def heldout_prompts(examples: list[Example]) -> list[list[int]]:
 
 def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tokens: int,
                     block_size: int | None = None, *, batch_size: int = 8,
-                    on_batch: Callable[[int], None] | None = None) -> AcceptanceStats:
+                    on_batch: Callable[[int], None] | None = None, tree: bool = False) -> AcceptanceStats:
     """Greedy speculative decoding over held-out prompts; pooled tau, its 1..K histogram, per-position acceptance.
+    `tree` verifies token trees of K nodes instead of the block (decode/tree.py).
 
     Prompts run `batch_size` at a time. `seconds` is the total wall time; `new_tokens` counts returned tokens.
     """
@@ -115,7 +116,7 @@ def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tok
     start = time.perf_counter()
     for first in range(0, len(prompt_ids_list), batch_size):
         chunk = prompt_ids_list[first : first + batch_size]
-        for result in generate(target, draft, chunk, max_new_tokens=max_new_tokens, block_size=K):
+        for result in generate(target, draft, chunk, max_new_tokens=max_new_tokens, block_size=K, tree=tree):
             stats = stats.merge(result.stats)
         if on_batch is not None:
             on_batch(len(chunk))  # progress: prompts done
