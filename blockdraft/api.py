@@ -29,6 +29,7 @@ from .io.checkpoint import read_checkpoint
 from .io.targets import EMBEDDED_HUB_ID
 from .metrics import AcceptanceStats
 from .model.draft import DFlashDraftModel
+from .model.packed import pack_module
 from .model.target import Target
 from .sampling import SamplingParams
 from .train.data import encode_prompt
@@ -80,8 +81,11 @@ def untrained_draft(target: Target, num_layers: int = 2, block_size: int = 8, se
 
 
 def _place(draft: DFlashDraftModel, target: Target | None) -> DFlashDraftModel:
+    """On the target's device and dtype; its linears packed like the target's (model/packed.py) when it is."""
     if target is not None:
         draft = draft.to(device=target.device, dtype=target.dtype)
+        if target.packed:
+            pack_module(draft)
     return draft.eval()
 
 

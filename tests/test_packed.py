@@ -73,3 +73,21 @@ def test_inference_tensor_weights_pack():
         weight = torch.randn(32, 64).bfloat16()
     x = torch.randn(2, 64).bfloat16()
     assert torch.equal(PackedLinear(weight)(x), F.linear(x, weight))
+
+
+@needs_packing
+def test_a_packed_draft_keeps_its_keys_and_its_outputs():
+    from blockdraft.model.packed import PackedLinearModule, pack_module
+
+    from conftest import tiny_draft
+
+    target = tiny_target("qwen3")
+    plain = tiny_draft(target, block_size=4).bfloat16().eval()
+    packed = tiny_draft(target, block_size=4).bfloat16().eval()
+    keys = list(packed.state_dict())
+    assert pack_module(packed) == 1 + 7 * 2, "fc and the seven projections of each layer"
+    assert list(packed.state_dict()) == keys and isinstance(packed.fc, PackedLinearModule)
+    features = torch.randn(2, 5, plain.fc.in_features).bfloat16()
+    assert torch.equal(packed.project_context(features), plain.project_context(features))
+    packed.float()  # a cast after packing: the stale bf16 copy must not be used
+    assert torch.equal(packed.project_context(features.float()), plain.float().project_context(features.float()))

@@ -20,6 +20,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .layers import linear_rows
 
@@ -53,25 +54,58 @@ class PackedLinear:
 
     Inputs that need a gradient, or that do not match the weight's dtype and device, take `F.linear` on the
     original weight: the packed kernel has no backward, and only serves the inference forward. A weight changed
-    in place after packing (a loaded state dict) is packed again on the next call, so the copy is never stale.
+    after packing (in place, as a loaded state dict does, or replaced, as `.to()` does) is packed again on the next
+    call, or left to `F.linear` when it is no longer a bf16 CPU tensor; the copy is never stale.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias
         self._pack()
 
+    def _stamp(self) -> tuple:
+        return _version(self.weight), self.weight.data_ptr(), self.weight.dtype
+
     def _pack(self) -> None:
-        self.version = _version(self.weight)
+        self.stamp = self._stamp()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad or x.dtype != self.weight.dtype or x.device != self.weight.device:
             return F.linear(x, self.weight, self.bias)
-        if _version(self.weight) != self.version:
+        if self._stamp() != self.stamp:
+            if not packing_supported(self.weight):
+                return F.linear(x, self.weight, self.bias)
             self._pack()
         flat = x.reshape(-1, x.shape[-1])  # [M, D], contiguous as oneDNN needs
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], -1)
+
+
+class PackedLinearModule(nn.Linear):
+    """An `nn.Linear` that runs over a packed copy of its own weight (same parameters, same state-dict keys)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.kernel = PackedLinear(self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x)
+
+
+def pack_module(module: nn.Module) -> int:
+    """Swap every bf16 CPU `nn.Linear` inside `module` for a PackedLinearModule over the same parameters, in
+    place; returns how many were swapped. For a model used for inference (a loaded draft); training is unaffected
+    (inputs that need a gradient take `F.linear`), and the state dict keeps its keys."""
+    swapped = 0
+    for name, child in list(module.named_children()):
+        if type(child) is nn.Linear and packing_supported(child.weight):
+            setattr(module, name, PackedLinearModule(child))
+            swapped += 1
+        else:
+            swapped += pack_module(child)
+    return swapped
 
 
 def _version(weight: torch.Tensor) -> int | None:
