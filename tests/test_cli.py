@@ -74,7 +74,6 @@ def test_inspect_prints_the_config_and_validates(folders, capsys):
         (["--block-size", "99"], "block_size"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
-        (["--tree", "on", "--temperature", "0.7"], "--tree on"),
     ],
 )
 def test_bad_input_exits_2_naming_the_parameter(folders, capsys, extra, word):

@@ -104,12 +104,13 @@ class CyclingWidth:
 
 
 def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False,
-                   cycle_widths=False) -> np.ndarray:
+                   cycle_widths=False, tree=False) -> np.ndarray:
     """Counts [V**n] of the first NUM_TOKENS tokens over num_rows rows of one prompt, one seed per row."""
     V = target.config.vocab_size
     selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax)
     results = generate(target, draft, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=block_size,
-                       stop_token_ids=[], selector=selector, adaptive=CyclingWidth(block_size) if cycle_widths else False)
+                       stop_token_ids=[], selector=selector, adaptive=CyclingWidth(block_size) if cycle_widths else False,
+                       tree=tree)
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
     return np.bincount(cells, minlength=V**NUM_TOKENS)
@@ -222,6 +223,39 @@ def test_broken_acceptance_fails_the_same_test(small_models, monkeypatch, wrong_
     counts = sampled_counts(target, draft, sampling, num_rows=4000)
     pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
     assert pvalue < ALPHA, f"{wrong_rule.__name__} passed the exactness test (p = {pvalue:.3f}); it has no power"
+
+
+@pytest.mark.parametrize("params, block_size", [
+    pytest.param(dict(temperature=1.0, seed=90_000), 4, id="T1-tree4"),
+    pytest.param(dict(temperature=0.7, top_p=0.9, seed=100_000), 3, id="T0.7-topp0.9-tree3"),
+])
+def test_tree_sampling_matches_target_distribution(small_models, params, block_size):
+    """Token trees of K nodes, their guesses tried as point masses (sampling/tree.py): still the target's own."""
+    target, draft = small_models
+    sampling = SamplingParams(**params)
+    counts = sampled_counts(target, draft, sampling, block_size=block_size, tree=True, num_rows=6000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"tree sampling is not distributed as the target's own (p = {pvalue:.2e})"
+
+
+def final_draw_from_p(p, tokens, parents, generator=None):
+    """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
+    rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
+    from blockdraft.sampling import sample
+    from blockdraft.sampling.tree import tree_sample
+
+    ok, _ = tree_sample(p, tokens, parents, generator)
+    deepest = (ok.long() * torch.arange(ok.shape[1])).argmax(dim=1)  # ancestors come first: the largest index
+    return ok, sample(p[torch.arange(p.shape[0]), deepest], generator)
+
+
+def test_broken_tree_sampling_fails_the_same_test(small_models, monkeypatch):
+    target, draft = small_models
+    monkeypatch.setattr("blockdraft.decode.selection.tree_sample", final_draw_from_p)
+    sampling = SamplingParams(temperature=1.0, seed=110_000)
+    counts = sampled_counts(target, draft, sampling, tree=True, num_rows=6000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue < ALPHA, f"{final_draw_from_p.__name__} passed the exactness test (p = {pvalue:.3f}); no power"
 
 
 def test_exactness_test_detects_a_two_percent_shift(small_models):

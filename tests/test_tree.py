@@ -87,12 +87,12 @@ def test_the_path_through_a_runner_up_is_accepted():
     # The target wants 21 after the anchor, then 31, then 40, then 77.
     argmax = torch.tensor([[21, 0, 31, 0, 40, 77]])
     ok = accepted_nodes(HAND, argmax)
-    path, num_accepted, bonus = accept_path(HAND, ok, argmax)
-    assert path[0].tolist() == [0, 2, 4, 5] and num_accepted.tolist() == [3] and bonus.tolist() == [77]
+    path, num_accepted, deepest = accept_path(HAND, ok)
+    assert path[0].tolist() == [0, 2, 4, 5] and num_accepted.tolist() == [3] and deepest.tolist() == [5]
     assert accepted_depth(HAND, ok, 3).tolist() == [1] and accepted_depth(HAND, ok, 2).tolist() == [0]
     miss = torch.tensor([[50, 0, 0, 0, 0, 0]])  # nothing agrees: the target's own token after the anchor
-    path, num_accepted, bonus = accept_path(HAND, accepted_nodes(HAND, miss), miss)
-    assert path[0].tolist() == [0] and num_accepted.tolist() == [0] and bonus.tolist() == [50]
+    path, num_accepted, deepest = accept_path(HAND, accepted_nodes(HAND, miss))
+    assert path[0].tolist() == [0] and num_accepted.tolist() == [0] and deepest.tolist() == [0]
 
 
 def test_a_chain_accepts_as_the_block_does():
@@ -102,7 +102,8 @@ def test_a_chain_accepts_as_the_block_does():
     logits = torch.randn(64, 6, 3, generator=g)
     tree = chain(anchors, proposals)
     argmax = logits.argmax(-1)
-    path, num_accepted, bonus = accept_path(tree, accepted_nodes(tree, argmax), argmax)
+    path, num_accepted, deepest = accept_path(tree, accepted_nodes(tree, argmax))
+    bonus = argmax.gather(1, deepest[:, None])[:, 0]
     expected_accepted, expected_bonus = greedy_step(logits, proposals)
     assert torch.equal(num_accepted, expected_accepted) and torch.equal(bonus, expected_bonus)
 

@@ -48,7 +48,7 @@ def add_arguments(parser) -> None:
                              "output); auto: on when --adaptive is")
     parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
                         help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
-                             "forward (greedy only; same output); auto: on when greedy")
+                             "forward (same output; sampling stays exact); auto: on when greedy")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
@@ -80,9 +80,9 @@ def run(args) -> int:
     hardware = describe_line(args.device, dtype)
     adaptive = args.adaptive == "on" or (args.adaptive == "auto" and sampling.greedy)
     lookup = args.lookup == "on" or (args.lookup == "auto" and adaptive)
-    tree = sampling.greedy and args.tree != "off"  # a tree is verified greedily: sampling keeps the chain
-    if args.tree == "on" and not sampling.greedy:
-        raise InputError("`--tree on` verifies greedily and cannot sample; drop --tree or use --temperature 0")
+    # Sampling keeps the chain unless asked: with q close to p, rejection sampling accepts p's whole overlap with
+    # q, a tree of point masses only p's mass on its guesses.
+    tree = args.tree == "on" or (args.tree == "auto" and sampling.greedy)
     decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax,
                   adaptive=adaptive, lookup=lookup, tree=tree)
     single = len(ids) == 1

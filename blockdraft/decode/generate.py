@@ -98,9 +98,9 @@ def stream(
     unchanged, the speed never far below the target alone's. `lookup` (True, or a PromptLookup to keep its
     measurements across calls) lets a step verify a block continued from an earlier occurrence of the row's
     last tokens instead of the draft's, when that pays more (lookup.py); the output is unchanged again.
-    `tree` verifies the draft's likeliest alternatives too, as a token tree (tree.py), when decoding is greedy:
-    a fixed width then means a tree of K nodes, and `adaptive` picks from 1 to 2K nodes. Sampled decoding
-    verifies the block as a chain whatever `tree` says; the output is unchanged either way.
+    `tree` verifies the draft's likeliest alternatives too, as a token tree (tree.py): a fixed width then means a
+    tree of K nodes, and `adaptive` picks from 1 to 2K nodes. Greedy output is unchanged; sampled output stays
+    exactly distributed (point-mass tests, sampling/tree.py).
     """
     drafter = as_drafter(target, draft, block_size)
     K = drafter.block_size if drafter else 1
@@ -108,7 +108,7 @@ def stream(
     if stop_token_ids is None:
         stop_token_ids = eos_ids(target)
     selector = selector or Selector(num_rows=len(prompts))
-    tree = tree and drafter is not None and K > 1 and selector.params.greedy
+    tree = tree and drafter is not None and K > 1
     # A tree's nodes sit in the slots after the anchor's, up to 2K of them (positions stay within K).
     capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + (2 * K if tree else K)
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)

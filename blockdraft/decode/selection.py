@@ -16,6 +16,7 @@ import torch
 
 from ..errors import InputError
 from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
+from ..sampling.tree import tree_sample
 
 
 class Selector:
@@ -84,3 +85,9 @@ class Selector:
         q = draft_probs if draft_probs is not None else p.new_zeros(p.shape[0], 0, p.shape[-1])
         num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids))
         return num_accepted.to(proposals.device), token.to(proposals.device)
+
+    def tree_accept(self, target_logits, tree, row_ids):
+        """Sampled acceptance over a token tree (sampling/tree.py) from the target's logits at every node
+        [B, N, V] -> (accepted nodes [B, N] bool, the target's own token after the deepest [B])."""
+        p = logits_to_probs(target_logits, self.params)  # [B, N, V]
+        return tree_sample(p, tree.tokens, tree.parents, self._rows(row_ids))

@@ -54,7 +54,7 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     #    So does a lookup step, whose proposals are the looked-up tokens (no longer than the longest match).
     drafted = width > 1 and not use_lookup
     if drafted and tree:
-        return tree_step(state, target, drafter, stats, chooser, width, started)
+        return tree_step(state, target, drafter, selector, stats, chooser, width, started)
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
@@ -94,8 +94,9 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     return events
 
 
-def tree_step(state: DecodeState, target: Target, drafter: Drafter, stats, policy, width: int, started: float):
-    """One greedy step over a token tree of `width` nodes (tree.py), numbered as `step`."""
+def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Selector, stats, policy, width: int,
+              started: float):
+    """One step over a token tree of `width` nodes (tree.py), numbered as `step`."""
     anchors, s = state.anchors()  # [B], [B]
     B = anchors.shape[0]
 
@@ -111,14 +112,20 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, stats, polic
     out = target.forward(tree.tokens, s[:, None] + tree.depths, state.target_cache, drafter.tap_layer_ids,
                          logit_rows=index, slots=s[:, None] + index, block_mask=ancestors(tree.parents))
 
-    # 3. Accept: the path of nodes the target agrees with, then the target's own token after its deepest node.
-    target_tokens = out.logits.argmax(dim=-1)  # [B, N]
-    ok = accepted_nodes(tree, target_tokens)  # [B, N]
-    path, num_accepted, bonus = accept_path(tree, ok, target_tokens)  # [B, P], [B], [B]
+    # 3. Accept: the path of nodes the target agrees with (greedy) or samples (point-mass tests), then the
+    #    target's own token after its deepest node.
+    if selector.params.greedy:
+        target_tokens = out.logits.argmax(dim=-1)  # [B, N]
+        ok = accepted_nodes(tree, target_tokens)  # [B, N]
+    else:
+        ok, bonus = selector.tree_accept(out.logits, tree, state.row_ids)  # [B, N], [B]
+    path, num_accepted, deepest = accept_path(tree, ok)  # [B, P], [B], [B]
+    if selector.params.greedy:
+        bonus = target_tokens.gather(1, deepest[:, None])[:, 0]  # [B]
     committed = torch.cat([tree.tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
     events = state.commit(committed, num_accepted + 1, stats, min(N, drafter.block_size))
-    if isinstance(policy, TreeWidth):  # what each narrower tree would have accepted, from this one step
+    if isinstance(policy, TreeWidth) and selector.params.greedy:  # what each narrower tree would have accepted
         within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= N}
         policy.observe(N, num_accepted.tolist(), time.perf_counter() - started, within=within)
     elif policy is not None:

@@ -1,4 +1,4 @@
-"""Token trees: several guesses per slot, verified in one target forward (greedy decoding).
+"""Token trees: several guesses per slot, verified in one target forward.
 
 The draft scores every slot of its block at once, so beside its first choice for each slot it offers
 runners-up. A tree spends the verify width on the likeliest of them. Terms:
@@ -7,9 +7,11 @@ runners-up. A tree spends the verify width on the likeliest of them. Terms:
   is a node at depth d-1. Siblings hold different tokens.
 - the target verifies all N nodes in one forward: node i sits at position s + depth_i and in cache slot
   s + i, and attends to the committed context and to its own ancestors only (`ancestors`).
-- a node is accepted when its token is the target's argmax at its parent and its parent is accepted. The
-  accepted nodes form one path from the anchor; its deepest node's argmax is the bonus token. Every kept token
-  is one the target would have produced itself, so greedy output stays the target's own.
+- greedy: a node is accepted when its token is the target's argmax at its parent and its parent is accepted.
+  The accepted nodes form one path from the anchor; its deepest node's argmax is the bonus token. Every kept
+  token is one the target would have produced itself, so greedy output stays the target's own.
+- sampling: the children of a node are tried in turn as point-mass proposals (sampling/tree.py), which keeps
+  the output distributed exactly as the target's own sampling.
 
 Nodes are chosen best-first by the draft's path probability, the product of q_d(token) over the path (q_d:
 the draft's distribution for slot d; DFlash drafts all slots in parallel, so q_d does not depend on the
@@ -118,16 +120,15 @@ def accepted_depth(tree: Tree, ok: torch.Tensor, width: int | None = None) -> to
     return depth[:, :width].amax(dim=1)
 
 
-def accept_path(tree: Tree, ok: torch.Tensor, target_tokens: torch.Tensor):
-    """Greedy acceptance over a tree, from its accepted nodes ok [B, N] (`accepted_nodes`) and the target's
-    argmax at every node [B, N] -> (path [B, P] node indices by depth, num_accepted [B], bonus [B]).
+def accept_path(tree: Tree, ok: torch.Tensor):
+    """The accepted path from the accepted nodes ok [B, N] (`accepted_nodes`, or a sampled walk) ->
+    (path [B, P] node indices by depth, num_accepted [B], deepest [B] accepted node).
 
-    Row b's path holds its anchor and accepted nodes in its first num_accepted[b] + 1 entries, then repeats
-    its deepest node up to P = max(num_accepted) + 1. bonus[b] is the target's argmax at that deepest node.
+    Row b's path holds its anchor and accepted nodes in its first num_accepted[b] + 1 entries, then repeats its
+    deepest node up to P = max(num_accepted) + 1.
     """
-    num_accepted = accepted_depth(tree, ok)  # [B]
+    num_accepted = accepted_depth(tree, ok)  # [B]; at most one accepted node per depth: siblings differ
     deepest = torch.where(ok, tree.depths, -1).argmax(dim=1)  # [B]
-    bonus = target_tokens.gather(1, deepest[:, None])[:, 0]
     P = int(num_accepted.max()) + 1
     N = tree.size
     index = torch.arange(N, device=ok.device).expand_as(ok)
@@ -135,4 +136,4 @@ def accept_path(tree: Tree, ok: torch.Tensor, target_tokens: torch.Tensor):
     order = torch.where(ok, index, index + N).argsort(dim=1)[:, :P]  # [B, P]
     on_path = torch.arange(P, device=ok.device)[None, :] <= num_accepted[:, None]
     path = torch.where(on_path, order, deepest[:, None])
-    return path, num_accepted, bonus
+    return path, num_accepted, deepest

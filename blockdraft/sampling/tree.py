@@ -1,0 +1,74 @@
+"""Exact sampling over a token tree whose guesses are fixed tokens (point masses).
+
+p is the target's distribution at a node (the token after it), as in accept.py. A node's children c1, c2, ...
+(distinct tokens, in tree order) are tried in turn, each as a point-mass proposal q = one-hot(c): c is accepted
+with probability r(c), the current residual's mass on it, and a rejection removes it, r <- norm(r with c zeroed)
+(the residual norm(max(0, r - q)) of a point mass). So
+
+    P(c_i accepted) = prod_{j<i} (1 - r_{j-1}(c_j)) * r_{i-1}(c_i) = p(c_i),
+
+and when every child is rejected the token drawn from the final residual has probability p(x) for every other
+x: the token emitted at a node is an exact draw from p. An accepted child becomes the node and the walk goes on;
+a node without children, or whose children are all rejected, ends the walk with that draw (the bonus token, or
+the replacement). By induction the committed tokens are distributed as the target's own sampling, whatever
+tokens the tree holds; a better tree only accepts more.
+
+Randomness: per row N uniforms in a fixed order, the child tests first (at most N-1: each node is tested at
+most once) and the last one for the final draw.
+
+Shapes: B rows, N tree nodes (node 0 the anchor), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .transforms import Generators, draw_uniforms, sample_from_uniforms
+
+
+def tree_sample_from_uniforms(p: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                              uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Walk each row's tree -> (accepted nodes [B, N] bool, the anchor's included; the final token [B]).
+
+    p [B, N, V]: the target's distribution at every node; tokens, parents [B, N] (parents[:, 0] = -1, a parent
+    before its children); uniforms [B, N] in [0, 1).
+    """
+    B, N, V = p.shape
+    if tuple(tokens.shape) != (B, N) or tuple(parents.shape) != (B, N) or tuple(uniforms.shape) != (B, N):
+        raise ValueError(f"p [B, N, V] = {list(p.shape)} needs tokens, parents and uniforms of shape [{B}, {N}]; "
+                         f"got {list(tokens.shape)}, {list(parents.shape)}, {list(uniforms.shape)}")
+    ok = torch.zeros(B, N, dtype=torch.bool)
+    ok[:, 0] = True
+    final = torch.zeros(B, dtype=torch.long)
+    token_rows, parent_rows, u = tokens.tolist(), parents.tolist(), uniforms.tolist()
+    for b in range(B):
+        children: dict[int, list[int]] = {}
+        for node in range(1, N):
+            children.setdefault(parent_rows[b][node], []).append(node)
+        node, draw = 0, 0
+        while True:
+            residual = p[b, node].double().clone()  # [V], unnormalised
+            accepted = None
+            for child in children.get(node, []):
+                token = token_rows[b][child]
+                total = float(residual.sum())
+                mass = float(residual[token]) / total if total > 0 else 0.0
+                draw += 1
+                if u[b][draw - 1] < mass:
+                    accepted = child
+                    break
+                residual[token] = 0.0
+            if accepted is None:
+                if not float(residual.sum()) > 0:  # only float rounding can empty it: every token was a child
+                    residual = p[b, node].double()
+                final[b] = sample_from_uniforms(residual, uniforms[b, N - 1])
+                break
+            ok[b, accepted] = True
+            node = accepted
+    return ok.to(tokens.device), final.to(tokens.device)
+
+
+def tree_sample(p: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, generator: Generators = None):
+    """`tree_sample_from_uniforms` with N uniforms per row from `generator` (one per row, or one for all)."""
+    B, N = tokens.shape
+    return tree_sample_from_uniforms(p, tokens, parents, draw_uniforms(generator, (B, N), p.device))
