@@ -241,11 +241,12 @@ def test_tree_sampling_matches_target_distribution(small_models, params, block_s
 def final_draw_from_p(p, tokens, parents, generator=None):
     """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
     rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
+    from blockdraft.decode.tree import deepest_node
     from blockdraft.sampling import sample
     from blockdraft.sampling.tree import tree_sample
 
     ok, _ = tree_sample(p, tokens, parents, generator)
-    deepest = (ok.long() * torch.arange(ok.shape[1])).argmax(dim=1)  # ancestors come first: the largest index
+    deepest = deepest_node(ok)
     return ok, sample(p[torch.arange(p.shape[0]), deepest], generator)
 
 

@@ -10,7 +10,7 @@ from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
 from blockdraft.decode.policy import TreeWidth, make_policy
 from blockdraft.decode.tree import (
-    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, chain, max_nodes,
+    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, chain, deepest_node, max_nodes,
 )
 from blockdraft.sampling import greedy_step
 
@@ -87,12 +87,12 @@ def test_the_path_through_a_runner_up_is_accepted():
     # The target wants 21 after the anchor, then 31, then 40, then 77.
     argmax = torch.tensor([[21, 0, 31, 0, 40, 77]])
     ok = accepted_nodes(HAND, argmax)
-    path, num_accepted, deepest = accept_path(HAND, ok)
-    assert path[0].tolist() == [0, 2, 4, 5] and num_accepted.tolist() == [3] and deepest.tolist() == [5]
+    path, num_accepted = accept_path(HAND, ok)
+    assert path[0].tolist() == [0, 2, 4, 5] and num_accepted.tolist() == [3] and deepest_node(ok).tolist() == [5]
     assert accepted_depth(HAND, ok, 3).tolist() == [1] and accepted_depth(HAND, ok, 2).tolist() == [0]
     miss = torch.tensor([[50, 0, 0, 0, 0, 0]])  # nothing agrees: the target's own token after the anchor
-    path, num_accepted, deepest = accept_path(HAND, accepted_nodes(HAND, miss))
-    assert path[0].tolist() == [0] and num_accepted.tolist() == [0] and deepest.tolist() == [0]
+    path, num_accepted = accept_path(HAND, accepted_nodes(HAND, miss))
+    assert path[0].tolist() == [0] and num_accepted.tolist() == [0]
 
 
 def test_a_chain_accepts_as_the_block_does():
@@ -102,8 +102,9 @@ def test_a_chain_accepts_as_the_block_does():
     logits = torch.randn(64, 6, 3, generator=g)
     tree = chain(anchors, proposals)
     argmax = logits.argmax(-1)
-    path, num_accepted, deepest = accept_path(tree, accepted_nodes(tree, argmax))
-    bonus = argmax.gather(1, deepest[:, None])[:, 0]
+    ok = accepted_nodes(tree, argmax)
+    path, num_accepted = accept_path(tree, ok)
+    bonus = argmax.gather(1, deepest_node(ok)[:, None])[:, 0]
     expected_accepted, expected_bonus = greedy_step(logits, proposals)
     assert torch.equal(num_accepted, expected_accepted) and torch.equal(bonus, expected_bonus)
 

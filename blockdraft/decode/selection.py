@@ -17,6 +17,7 @@ import torch
 from ..errors import InputError
 from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
 from ..sampling.tree import tree_sample
+from .tree import Tree, accepted_nodes, deepest_node
 
 
 class Selector:
@@ -86,8 +87,13 @@ class Selector:
         num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids))
         return num_accepted.to(proposals.device), token.to(proposals.device)
 
-    def tree_accept(self, target_logits, tree, row_ids):
-        """Sampled acceptance over a token tree (sampling/tree.py) from the target's logits at every node
-        [B, N, V] -> (accepted nodes [B, N] bool, the target's own token after the deepest [B])."""
+    def tree_accept(self, target_logits, tree: Tree, row_ids):
+        """Acceptance over a token tree (tree.py) from the target's logits at every node [B, N, V] ->
+        (accepted nodes [B, N] bool, the target's own token after the deepest [B]). Greedy: the nodes that equal
+        the target's argmax at their parent; sampled: point-mass tests (sampling/tree.py)."""
+        if self.params.greedy:
+            target_tokens = target_logits.argmax(dim=-1)  # [B, N]
+            ok = accepted_nodes(tree, target_tokens)
+            return ok, target_tokens.gather(1, deepest_node(ok)[:, None])[:, 0]
         p = logits_to_probs(target_logits, self.params)  # [B, N, V]
         return tree_sample(p, tree.tokens, tree.parents, self._rows(row_ids))

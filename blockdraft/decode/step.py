@@ -15,7 +15,7 @@ from .lookup import PromptLookup
 from .policy import TreeWidth
 from .selection import Selector
 from .state import DecodeState
-from .tree import TOP_K, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, max_nodes
+from .tree import TOP_K, accept_path, accepted_depth, ancestors, build_tree, max_nodes
 
 
 def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats, policy=None):
@@ -114,14 +114,8 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
 
     # 3. Accept: the path of nodes the target agrees with (greedy) or samples (point-mass tests), then the
     #    target's own token after its deepest node.
-    if selector.params.greedy:
-        target_tokens = out.logits.argmax(dim=-1)  # [B, N]
-        ok = accepted_nodes(tree, target_tokens)  # [B, N]
-    else:
-        ok, bonus = selector.tree_accept(out.logits, tree, state.row_ids)  # [B, N], [B]
-    path, num_accepted, deepest = accept_path(tree, ok)  # [B, P], [B], [B]
-    if selector.params.greedy:
-        bonus = target_tokens.gather(1, deepest[:, None])[:, 0]  # [B]
+    ok, bonus = selector.tree_accept(out.logits, tree, state.row_ids)  # [B, N], [B]
+    path, num_accepted = accept_path(tree, ok)  # [B, P], [B]
     committed = torch.cat([tree.tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
     events = state.commit(committed, num_accepted + 1, stats, min(N, drafter.block_size))

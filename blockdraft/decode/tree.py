@@ -120,15 +120,21 @@ def accepted_depth(tree: Tree, ok: torch.Tensor, width: int | None = None) -> to
     return depth[:, :width].amax(dim=1)
 
 
+def deepest_node(ok: torch.Tensor) -> torch.Tensor:
+    """[B]: the deepest accepted node of each row, from ok [B, N] (ancestors come first: the largest index)."""
+    index = torch.arange(ok.shape[1], device=ok.device)
+    return torch.where(ok, index, -1).argmax(dim=1)
+
+
 def accept_path(tree: Tree, ok: torch.Tensor):
     """The accepted path from the accepted nodes ok [B, N] (`accepted_nodes`, or a sampled walk) ->
-    (path [B, P] node indices by depth, num_accepted [B], deepest [B] accepted node).
+    (path [B, P] node indices by depth, num_accepted [B]).
 
     Row b's path holds its anchor and accepted nodes in its first num_accepted[b] + 1 entries, then repeats its
     deepest node up to P = max(num_accepted) + 1.
     """
     num_accepted = accepted_depth(tree, ok)  # [B]; at most one accepted node per depth: siblings differ
-    deepest = torch.where(ok, tree.depths, -1).argmax(dim=1)  # [B]
+    deepest = deepest_node(ok)  # [B]
     P = int(num_accepted.max()) + 1
     N = tree.size
     index = torch.arange(N, device=ok.device).expand_as(ok)
@@ -136,4 +142,4 @@ def accept_path(tree: Tree, ok: torch.Tensor):
     order = torch.where(ok, index, index + N).argsort(dim=1)[:, :P]  # [B, P]
     on_path = torch.arange(P, device=ok.device)[None, :] <= num_accepted[:, None]
     path = torch.where(on_path, order, deepest[:, None])
-    return path, num_accepted, deepest
+    return path, num_accepted
