@@ -108,9 +108,9 @@ def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, dr
     """Counts [V**n] of the first NUM_TOKENS tokens over num_rows rows of one prompt, one seed per row."""
     V = target.config.vocab_size
     selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax)
+    policy = CyclingWidth(block_size) if cycle_widths else False
     results = generate(target, draft, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=block_size,
-                       stop_token_ids=[], selector=selector, adaptive=CyclingWidth(block_size) if cycle_widths else False,
-                       tree=tree)
+                       stop_token_ids=[], selector=selector, adaptive=policy, tree=tree)
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
     return np.bincount(cells, minlength=V**NUM_TOKENS)
