@@ -9,7 +9,9 @@ got to propose k), i.e. steps with tau > k over steps that reached slot k (tau >
 A step may verify fewer than K slots (an adaptive width; width 1 is a plain target step that proposes
 nothing): tau still counts its tokens, the histogram its tau, and `plain_steps` how many proposed nothing.
 `lookup_steps` counts the steps whose proposals came from a prompt lookup (decode/lookup.py), not the draft:
-tau and the per-position rates pool both sources.
+tau and the per-position rates pool both sources. A lookup block may be wider than the draft's K (it is not
+bounded by the draft's slots); the first step that commits more than K tokens extends the histogram and the
+per-position rates to its width, and `block_size` with them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class AcceptanceStats:
         """Count one verify step of one row that committed `tau` tokens from a block of `width` slots
         (anchor included; None: the full block), proposed by a prompt lookup when `lookup`."""
         width = self.block_size if width is None else width
+        if max(tau, width) > self.block_size:  # a lookup block wider than the draft's K
+            self._grow(max(tau, width))
         self.histogram[tau - 1] += 1
         self.tokens += tau
         self.plain_steps += width == 1
@@ -47,6 +51,12 @@ class AcceptanceStats:
         for k in range(1, min(tau, width - 1) + 1):  # slots 1..min(tau, w-1) were reached
             self.slot_reached[k - 1] += 1
             self.slot_accepted[k - 1] += tau > k
+
+    def _grow(self, size: int) -> None:
+        self.histogram += [0] * (size - self.block_size)
+        self.slot_reached += [0] * (size - self.block_size)
+        self.slot_accepted += [0] * (size - self.block_size)
+        self.block_size = size
 
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
         size = max(self.block_size, other.block_size)

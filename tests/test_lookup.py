@@ -58,8 +58,9 @@ def test_lookup_block_pads_and_counts_each_row():
 def test_the_lookup_is_preferred_only_while_it_pays():
     draft, lookup = AdaptiveWidth(4), PromptLookup(4)
     assert lookup.preferred_over(draft), "untimed: a match is taken"
+    assert lookup.width == 8 and lookup.policy.widths == [1, 2, 4, 8], "a lookup block may be 2K wide"
     for policy, accepted in ((draft, 3), (lookup.policy, 0)):
-        for width in (1, 2, 4):
+        for width in policy.widths:
             policy.observe(width, [min(accepted, width - 1)] * 4, 1.0)
     assert not lookup.preferred_over(draft), "a lookup that always misses must yield to a draft that hits"
 
@@ -139,3 +140,16 @@ def test_a_lookup_block_with_the_wrong_q_fails_the_same_test(small_models, monke
     counts = lookup_counts(target, draft, sampling, 4000)
     pvalue = goodness_of_fit(counts, exact_joint(target, LOOKUP_PROMPT, sampling, NUM_TOKENS))
     assert pvalue < ALPHA, f"a wrong lookup q passed the exactness test (p = {pvalue:.3f}); it has no power"
+
+
+def test_a_lookup_block_wider_than_k_is_exact_and_counted():
+    """Lookup blocks reach 2K: tau past K lands in a histogram that grows to the widest step."""
+    target = tiny_target("llama")
+    prompts = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+    base = generate(target, None, prompts, max_new_tokens=80, stop_token_ids=[])
+    spec = generate(target, tiny_draft(target, block_size=4), prompts, max_new_tokens=80, stop_token_ids=[],
+                    lookup=True, adaptive=True)
+    assert [s.tokens for s in spec] == [b.tokens for b in base]
+    pooled = spec[0].stats.merge(spec[1].stats).merge(spec[2].stats)
+    assert pooled.block_size == 8 and sum(pooled.histogram[4:]) > 0, pooled.histogram
+    assert pooled.tokens == sum((i + 1) * n for i, n in enumerate(pooled.histogram))

@@ -109,14 +109,15 @@ def stream(
         stop_token_ids = eos_ids(target)
     selector = selector or Selector(num_rows=len(prompts))
     tree = tree and drafter is not None and K > 1
-    # A tree's nodes sit in the slots after the anchor's, up to 2K of them (positions stay within K).
-    capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + (2 * K if tree else K)
+    finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
+    # Slots past the anchor's that a step may write: K, a tree's nodes (up to 2K) or a lookup block's width.
+    ahead = max(K, 2 * K if tree else 0, finder.width if finder is not None else 0)
+    capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + ahead
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:
         drafter.start(len(prompts), capacity, prompts)
     policy = make_policy(K, adaptive, tree) if drafter is not None else None
-    finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
     events = prefill(state, target, drafter, selector, stats, policy)
     while True:
         for row, tokens in events:

@@ -61,17 +61,20 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
 class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
-    def __init__(self, block_size: int, *, policy=None, max_ngram: int = 3, min_ngram: int = 2) -> None:
+    def __init__(self, block_size: int, *, policy=None, max_ngram: int = 3, min_ngram: int = 2,
+                 width: int | None = None) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.block_size = block_size
-        self.policy = AdaptiveWidth(block_size) if policy is None else policy
+        # A lookup block is not bounded by the draft's slots: 2K by default (anchor included), as wide as a tree.
+        self.width = 2 * block_size if width is None else width
+        self.policy = AdaptiveWidth(self.width) if policy is None else policy
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.steps = 0  # lookup steps taken
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Lookup proposals [B, K-1] and their lengths [B] when every row has a match, else None."""
-        proposals, found = lookup_block(tokens, lengths, self.block_size - 1, self.max_ngram, self.min_ngram)
+        """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""
+        proposals, found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
         return (proposals, found) if bool((found > 0).all()) else None
 
     def preferred_over(self, draft_policy) -> bool:
