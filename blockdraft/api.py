@@ -126,9 +126,9 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     keeps missing): same output, never much slower than the target alone. With sampling it makes a seed's
     sample depend on timing (still exactly distributed); leave it off where a seed must reproduce the text.
     `lookup` lets a step verify a prompt-lookup block (a continuation of an earlier occurrence of the row's last
-    tokens) instead of the draft's, when every row has one and it pays more: same output again. `tree` (greedy
-    only; sampling ignores it) verifies the draft's likeliest alternatives per slot too, as a token tree in one
-    target forward: more tokens per step at the same verify width, same output.
+    tokens) instead of the draft's, when every row has one and it pays more: same output again. `tree`
+    verifies the draft's likeliest alternatives per slot too, as a token tree in one target forward: more tokens
+    per step at the same verify width; greedy output unchanged, sampling still exact (point-mass tests).
     """
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise InputError(f"`sampling` must be a SamplingParams or None, got {type(sampling).__name__}; "

@@ -10,7 +10,7 @@ from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
 from blockdraft.decode.policy import TreeWidth, make_policy
 from blockdraft.decode.tree import (
-    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, chain, deepest_node, max_nodes,
+    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, deepest_node, max_nodes,
 )
 from blockdraft.sampling import greedy_step
 
@@ -93,6 +93,13 @@ def test_the_path_through_a_runner_up_is_accepted():
     miss = torch.tensor([[50, 0, 0, 0, 0, 0]])  # nothing agrees: the target's own token after the anchor
     path, num_accepted = accept_path(HAND, accepted_nodes(HAND, miss))
     assert path[0].tolist() == [0] and num_accepted.tolist() == [0]
+
+
+def chain(anchors: torch.Tensor, proposals: torch.Tensor) -> Tree:
+    """The block [anchor, d1..dn] as a tree: each node's parent is the one before it."""
+    B, n = proposals.shape
+    index = torch.arange(n + 1, device=anchors.device).expand(B, n + 1)
+    return Tree(torch.cat([anchors[:, None], proposals], dim=1), index - 1, index)
 
 
 def test_a_chain_accepts_as_the_block_does():

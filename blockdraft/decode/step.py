@@ -54,7 +54,7 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     #    So does a lookup step, whose proposals are the looked-up tokens (no longer than the longest match).
     drafted = width > 1 and not use_lookup
     if drafted and tree:
-        return tree_step(state, target, drafter, selector, stats, chooser, width, started)
+        return tree_step(state, target, drafter, selector, stats, chooser, width, anchors, s, started)
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
@@ -95,9 +95,8 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
 
 
 def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Selector, stats, policy, width: int,
-              started: float):
-    """One step over a token tree of `width` nodes (tree.py), numbered as `step`."""
-    anchors, s = state.anchors()  # [B], [B]
+              anchors: torch.Tensor, s: torch.Tensor, started: float):
+    """One step over a token tree of `width` nodes (tree.py), numbered as `step`; anchors [B] at positions s [B]."""
     B = anchors.shape[0]
 
     # 1. Draft: the block's slot distributions, then the `width` likeliest nodes over them.

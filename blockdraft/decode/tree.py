@@ -47,7 +47,7 @@ def max_nodes(slots: int, top_k: int) -> int:
     return 1 + sum(top_k**d for d in range(1, slots + 1))
 
 
-def build_tree(anchors: torch.Tensor, log_q: torch.Tensor, size: int, top_k: int = 4) -> Tree:
+def build_tree(anchors: torch.Tensor, log_q: torch.Tensor, size: int, top_k: int = TOP_K) -> Tree:
     """The `size` likeliest nodes (anchor included) from anchors [B] and draft log-probs log_q [B, n, V].
 
     Each slot contributes its top_k tokens; a node's score is the sum of its path's log-probs.
@@ -82,13 +82,6 @@ def build_tree(anchors: torch.Tensor, log_q: torch.Tensor, size: int, top_k: int
     device = anchors.device
     return Tree(torch.tensor(out_tokens, device=device), torch.tensor(out_parents, device=device),
                 torch.tensor(out_depths, device=device))
-
-
-def chain(anchors: torch.Tensor, proposals: torch.Tensor) -> Tree:
-    """The block [anchor, d1..dn] as a tree: each node's parent is the one before it."""
-    B, n = proposals.shape
-    index = torch.arange(n + 1, device=anchors.device).expand(B, n + 1)
-    return Tree(torch.cat([anchors[:, None], proposals], dim=1), index - 1, index)
 
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:

@@ -109,7 +109,8 @@ class Worker:
         # life: what it has learnt of acceptance and step times carries over from batch to batch, so short
         # requests do not each pay for timing every width again.
         # Greedy batches verify token trees (decode/tree.py), so the policy picks a tree's node count.
-        self.policy = make_policy(self.block_size, True, tree=True) if adaptive and self.drafter is not None else None
+        adapts = adaptive and self.drafter is not None
+        self.policy = make_policy(self.block_size, True, tree=True) if adapts else None
         # With the policy, greedy batches may verify prompt-lookup blocks; kept for the server's life likewise.
         self.lookup = PromptLookup(self.block_size) if self.policy is not None and self.block_size > 1 else None
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
