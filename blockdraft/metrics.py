@@ -8,8 +8,8 @@ got to propose k), i.e. steps with tau > k over steps that reached slot k (tau >
 
 A step may verify fewer than K slots (an adaptive width; width 1 is a plain target step that proposes
 nothing): tau still counts its tokens, the histogram its tau, and `plain_steps` how many proposed nothing.
-`lookup_steps` counts the steps whose proposals came from a prompt lookup (decode/lookup.py), not the draft:
-tau and the per-position rates pool both sources. A lookup block may be wider than the draft's K (it is not
+`lookup_steps` counts the steps whose proposals came from a prompt lookup (decode/lookup.py), alone or grafted
+onto the draft's token tree: tau and the per-position rates pool both sources. A lookup block may be wider than the draft's K (it is not
 bounded by the draft's slots); the first step that commits more than K tokens extends the histogram and the
 per-position rates to its width, and `block_size` with them.
 """
@@ -29,7 +29,7 @@ class AcceptanceStats:
     slot_reached: list[int] = field(default_factory=list)  # [K-1]: steps that reached slot k = 1..K-1
     slot_accepted: list[int] = field(default_factory=list)  # [K-1]: steps that accepted slot k
     plain_steps: int = 0  # steps of width 1: no proposal, the target's own step
-    lookup_steps: int = 0  # steps that verified a prompt-lookup block instead of the draft's
+    lookup_steps: int = 0  # steps that verified a prompt-lookup block, alone or grafted onto a tree
 
     def __post_init__(self) -> None:
         if not self.histogram:

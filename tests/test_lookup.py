@@ -7,7 +7,7 @@ import torch
 
 from blockdraft.decode.generate import generate
 from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
-from blockdraft.decode.policy import AdaptiveWidth, FixedWidth
+from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 
 from conftest import ScriptedDrafter, tiny_draft, tiny_target
 from test_sampling_decode import CyclingWidth, small_models  # noqa: F401 (a fixture)
@@ -80,6 +80,39 @@ def test_greedy_output_with_lookups_is_the_targets(family, adaptive):
         assert spec[0].stats.lookup_steps < spec[0].stats.steps, "and drafted or plain steps beside them"
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("adaptive", [False, True], ids=["k-nodes", "adaptive"])
+def test_greedy_output_with_lookup_runs_grafted_onto_trees_is_the_targets(family, adaptive):
+    """Each row's lookup continuation grafted onto the draft's tree (step.py): one verify for both, exact."""
+    target = tiny_target(family)
+    base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
+    for draft in (tiny_draft(target, block_size=8), None):
+        lookup = PromptLookup(8)
+        drafter = draft or ScriptedDrafter([[0] * 80] * len(PROMPTS), 8)  # a draft that is always wrong
+        spec = generate(target, drafter, PROMPTS, max_new_tokens=48, stop_token_ids=[], adaptive=adaptive,
+                        lookup=lookup, tree=True)
+        for b, s in zip(base, spec):
+            assert s.tokens == b.tokens[:48], "a grafted lookup run changed the target's greedy output"
+        assert lookup.steps > 0 and float(lookup.policy.accepted.sum()) > 0, "grafted tokens must be accepted"
+
+
+def test_graft_length_follows_what_grafted_runs_are_worth():
+    draft = make_policy(4, True, tree=True)
+    lookup = PromptLookup(4)
+    assert lookup.graft_length(draft, 4, 5) == 5, "an untimed draft policy: the whole run"
+    for width in draft.widths:  # 10 ms a step, 1 ms more per verified position
+        draft.observe(width, [0], 0.010 + 0.001 * width, within={w: [0] for w in draft.widths if 1 < w <= width})
+    for _ in range(30):
+        lookup.observe_graft(7, [7])
+    assert lookup.graft_length(draft, 1, 7) == 7, "runs that always hit are grafted whole"
+    for _ in range(100):  # the hits decay away
+        lookup.observe_graft(7, [0])
+    assert lookup.graft_length(draft, 1, 7) == 0, "runs that always miss are not"
+    for _ in range(lookup.explore_every):
+        lookup.observe_graft(0, [])
+    assert lookup.graft_length(draft, 1, 7) == 7, "but one is grafted again now and then"
+
+
 def test_lookup_steps_at_every_width_keep_greedy_exact():
     """Lookup and draft steps interleaved at widths cycling 1..K: the draft's deferred context stays right."""
     target = tiny_target("llama")
@@ -100,15 +133,16 @@ def test_lookup_steps_at_every_width_keep_greedy_exact():
 LOOKUP_PROMPT = [3, 0, 4, 2, 5, 1, 3]
 
 
-def lookup_counts(target, draft, params, num_rows: int) -> "np.ndarray":
+def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> "np.ndarray":
     from test_sampling_decode import NUM_TOKENS, Selector
 
     import numpy as np
 
     V = target.config.vocab_size
-    lookup = AlternatingLookup(4, policy=FixedWidth(4))  # the first step after the prefill is a lookup
+    # The first step after the prefill is a lookup step; with trees, every step grafts its rows' whole runs.
+    lookup = PromptLookup(4, min_ngram=1) if tree else AlternatingLookup(4, policy=FixedWidth(4))
     results = generate(target, draft, [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=4,
-                       stop_token_ids=[], selector=Selector(params, num_rows=num_rows), lookup=lookup)
+                       stop_token_ids=[], selector=Selector(params, num_rows=num_rows), lookup=lookup, tree=tree)
     assert lookup.steps > 0, "the test must exercise lookup steps"
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
@@ -125,6 +159,28 @@ def test_sampling_with_lookup_blocks_matches_target_distribution(small_models, p
     counts = lookup_counts(target, draft, sampling, NUM_ROWS)
     pvalue = goodness_of_fit(counts, exact_joint(target, LOOKUP_PROMPT, sampling, NUM_TOKENS))
     assert pvalue > ALPHA, f"sampling with lookup blocks is not the target's distribution (p = {pvalue:.2e})"
+
+
+def test_sampling_with_runs_grafted_onto_trees_matches_target_distribution(small_models):
+    from test_sampling_decode import ALPHA, NUM_ROWS, NUM_TOKENS, SamplingParams, exact_joint, goodness_of_fit
+
+    target, draft = small_models
+    sampling = SamplingParams(temperature=1.0, seed=120_000)
+    counts = lookup_counts(target, draft, sampling, NUM_ROWS, tree=True)
+    pvalue = goodness_of_fit(counts, exact_joint(target, LOOKUP_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"sampling over grafted trees is not the target's distribution (p = {pvalue:.2e})"
+
+
+def test_grafted_trees_with_a_broken_tree_sampler_fail_the_same_test(small_models, monkeypatch):
+    from test_sampling_decode import ALPHA, NUM_TOKENS, SamplingParams, exact_joint, final_draw_from_p
+    from test_sampling_decode import goodness_of_fit
+
+    monkeypatch.setattr("blockdraft.decode.selection.tree_sample", final_draw_from_p)
+    target, draft = small_models
+    sampling = SamplingParams(temperature=1.0, seed=130_000)
+    counts = lookup_counts(target, draft, sampling, 4000, tree=True)
+    pvalue = goodness_of_fit(counts, exact_joint(target, LOOKUP_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue < ALPHA, f"a broken tree sampler passed the exactness test (p = {pvalue:.3f}); it has no power"
 
 
 def test_a_lookup_block_with_the_wrong_q_fails_the_same_test(small_models, monkeypatch):

@@ -10,7 +10,8 @@ from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
 from blockdraft.decode.policy import TreeWidth, make_policy
 from blockdraft.decode.tree import (
-    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_tree, deepest_node, max_nodes,
+    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_grafted_tree, build_tree, deepest_node,
+    max_nodes,
 )
 from blockdraft.sampling import greedy_step
 
@@ -51,6 +52,58 @@ def test_the_first_w_nodes_are_the_tree_of_w_nodes():
     for w in (1, 2, 5, 9):
         small = build_tree(torch.tensor([5, 6]), log_q, w)
         assert torch.equal(small.tokens, big.tokens[:, :w]) and torch.equal(small.parents, big.parents[:, :w])
+
+
+def check_shape(tree: Tree) -> None:
+    """Parents come first, depths follow parents, siblings differ."""
+    for b in range(tree.tokens.shape[0]):
+        children = {}
+        for i in range(1, tree.size):
+            parent = int(tree.parents[b, i])
+            assert 0 <= parent < i and int(tree.depths[b, i]) == int(tree.depths[b, parent]) + 1
+            children.setdefault(parent, []).append(int(tree.tokens[b, i]))
+        assert all(len(set(c)) == len(c) for c in children.values()), "siblings must differ"
+
+
+def test_a_grafted_run_reuses_the_drafts_nodes_and_comes_after_them():
+    log_q = random_log_q(B=1, n=3, seed=2)
+    anchors = torch.tensor([5])
+    plain = build_tree(anchors, log_q, 6)
+    best = [int(plain.tokens[0, 1]), int(log_q[0, 1].argmax())]  # the draft's first node, then a new token
+    missing = next(t for t in range(VOCAB) if t not in plain.tokens[0].tolist())
+    run = torch.tensor([best + [missing]])
+    tree, run_nodes = build_grafted_tree(anchors, log_q, 6, runs=run, run_lengths=torch.tensor([3]))
+    check_shape(tree)
+    assert torch.equal(tree.tokens[:, :6], plain.tokens), "the first `size` nodes stay the draft's tree"
+    assert int(run_nodes[0, 0]) == 1, "a run token the draft also guessed reuses its node"
+    assert tree.tokens[0, run_nodes[0]].tolist() == run[0].tolist()
+    assert tree.depths[0, run_nodes[0]].tolist() == [1, 2, 3]
+    assert [int(tree.parents[0, n]) for n in run_nodes[0]] == [0, *run_nodes[0, :2].tolist()]
+    assert int(run_nodes[0, 2]) >= 6, "a new run token is a new node after the draft's"
+
+
+def test_grafted_rows_are_filled_to_one_node_count_with_draft_nodes():
+    log_q = random_log_q(B=3, n=4, seed=3)
+    runs = torch.tensor([[40, 41, 42, 43], [40, 41, 0, 0], [0, 0, 0, 0]])
+    tree, run_nodes = build_grafted_tree(torch.tensor([5, 6, 7]), log_q, 4, runs=runs,
+                                         run_lengths=torch.tensor([4, 2, 0]))
+    check_shape(tree)
+    assert tree.size == 8, "the longest graft sets the node count"
+    assert torch.equal(tree.tokens[:, :4], build_tree(torch.tensor([5, 6, 7]), log_q, 4).tokens)
+    assert tree.tokens[0, run_nodes[0]].tolist() == [40, 41, 42, 43]
+    assert tree.tokens[1, run_nodes[1, :2]].tolist() == [40, 41] and run_nodes[2].tolist() == [0, 0, 0, 0]
+    assert torch.equal(tree.tokens[2], build_tree(torch.tensor([7]), log_q[2:], 8).tokens[0]), \
+        "a row without a run is filled with the draft's next likeliest nodes"
+
+
+def test_a_graft_without_a_draft_is_a_chain_from_the_anchor():
+    tree, run_nodes = build_grafted_tree(torch.tensor([5]), None, 1, runs=torch.tensor([[8, 9, 8]]),
+                                         run_lengths=torch.tensor([3]))
+    assert tree.tokens.tolist() == [[5, 8, 9, 8]] and tree.parents.tolist() == [[-1, 0, 1, 2]]
+    assert run_nodes.tolist() == [[1, 2, 3]]
+    with pytest.raises(ValueError, match="cannot fill"):
+        build_grafted_tree(torch.tensor([5, 6]), None, 1, runs=torch.tensor([[8, 9], [8, 0]]),
+                           run_lengths=torch.tensor([2, 1]))
 
 
 def test_a_confident_draft_gives_its_chain_first():

@@ -9,8 +9,8 @@
 - `blockdraft-adaptive`: token trees of adaptive width (policy.py: 1 to 2K nodes, down to plain steps when
   drafts miss), one policy for the whole run, as the server keeps one: step times and acceptance learnt on one
   prompt carry over to the next instead of being measured again for each.
-- `blockdraft-lookup`: adaptive, and a step may verify a prompt-lookup block instead of the draft's when every
-  row has a match and that pays more (decode/lookup.py); one lookup kept across prompts, like the policy.
+- `blockdraft-lookup`: adaptive trees with each row's prompt-lookup continuation grafted on as one more path
+  when it pays (decode/lookup.py); one lookup kept across prompts, like the policy.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 

@@ -44,8 +44,8 @@ def add_arguments(parser) -> None:
                              "(so that a seed reproduces its text)")
     parser.add_argument("--lookup", choices=("auto", "on", "off"), default="auto",
                         help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
-                             "lookup) instead of the draft's block, when every row has one and it pays more (same "
-                             "output); auto: on when --adaptive is")
+                             "lookup): grafted onto the token tree, or instead of the draft's block without trees, "
+                             "when it pays (same output); auto: on when --adaptive is")
     parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
                         help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
                              "forward (same output; sampling stays exact); auto: on when greedy")

@@ -110,8 +110,10 @@ def stream(
     selector = selector or Selector(num_rows=len(prompts))
     tree = tree and drafter is not None and K > 1
     finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
-    # Slots past the anchor's that a step may write: K, a tree's nodes (up to 2K) or a lookup block's width.
-    ahead = max(K, 2 * K if tree else 0, finder.width if finder is not None else 0)
+    # Slots past the anchor's that a step may write: K, a lookup block's width, or a tree's nodes (up to 2K, and
+    # a lookup run grafted onto them).
+    looked = finder.width if finder is not None else 0
+    ahead = max(K, looked, 2 * K + looked if tree else 0)
     capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + ahead
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)

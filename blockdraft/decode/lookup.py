@@ -9,11 +9,16 @@ A lookup block is verified like any block, so greedy output stays the target's o
 proposal is a point mass, q = one-hot, for which rejection sampling is exact (DESIGN.md §3): the token is
 accepted with probability p(token), and a rejection draws from p with that token removed.
 
-`PromptLookup` decides, step by step, whether the draft's block or a lookup block is verified. Each source
-has its own width policy (policy.py), which learns that source's acceptance and step times; a lookup step
-is taken when every live row has a match and the lookup's best expected rate is at least the draft's. A
-lookup step does not run the draft: like a plain step, it leaves the draft's pending context for the next
-drafted step.
+With token trees (tree.py), the lookup does not compete with the draft: each row's continuation is grafted
+onto the draft's tree as one more path from the anchor (`tree.build_grafted_tree`), so one verify tries both
+and keeps whichever the target agrees with further. `graft_length` sets how many looked-up tokens to graft,
+weighing what grafted runs have been accepted against what one more verified position costs.
+
+Without trees, `PromptLookup` decides step by step whether the draft's block or a lookup block is verified.
+Each source has its own width policy (policy.py), which learns that source's acceptance and step times; a
+lookup step is taken when every live row has a match and the lookup's best expected rate is at least the
+draft's. A lookup step does not run the draft: like a plain step, it leaves the draft's pending context for
+the next drafted step.
 
 Shapes: B live rows, C token capacity, n proposals.
 """
@@ -62,7 +67,7 @@ class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
     def __init__(self, block_size: int, *, policy=None, max_ngram: int = 3, min_ngram: int = 2,
-                 width: int | None = None) -> None:
+                 width: int | None = None, explore_every: int = 16) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.block_size = block_size
@@ -70,12 +75,50 @@ class PromptLookup:
         self.width = 2 * block_size if width is None else width
         self.policy = AdaptiveWidth(self.width) if policy is None else policy
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.steps = 0  # lookup steps taken
+        self.steps = 0  # lookup steps taken (tree steps with a graft among them)
+        self.explore_every = explore_every
+        self.since_graft = 0  # tree steps since the last graft
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""
         proposals, found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
         return (proposals, found) if bool((found > 0).all()) else None
+
+    def runs(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None."""
+        proposals, found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
+        return (proposals, found) if bool((found > 0).any()) else None
+
+    def graft_length(self, draft_policy, width: int, available: int) -> int:
+        """How many looked-up tokens (0..available) to graft onto the draft's tree of `width` nodes (step.py).
+
+        Each grafted token costs one more verified position (`seconds_per_position` of the draft's policy) and
+        is counted as adding the tokens the lookup gets accepted on its own (its policy's E, from grafted runs;
+        an overestimate where the two agree, when the run merges into the tree at no cost):
+
+            m* = argmax_m (E_tree(width) + E_lookup(m + 1) - 1) / (t_tree(width) + m * c)
+
+        A draft policy that cannot say (a fixed width, or one still timing its widths) gets the whole run; so
+        does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed.
+        """
+        cost = draft_policy.seconds_per_position() if hasattr(draft_policy, "seconds_per_position") else None
+        seconds = getattr(draft_policy, "seconds", {}).get(width)
+        if cost is None or seconds is None or self.since_graft >= self.explore_every:
+            return min(available, self.width - 1)
+        tree_gain, gain = float(draft_policy.gains()[width - 1]), self.policy.gains()  # gain[m]: E(m + 1)
+
+        def rate(m: int) -> float:
+            return (tree_gain + float(gain[m]) - 1) / (seconds + m * cost)
+
+        lengths = sorted({0} | {min(w - 1, available) for w in self.policy.widths})
+        return max(lengths, key=rate)
+
+    def observe_graft(self, graft: int, accepted: list[int]) -> None:
+        """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""
+        self.since_graft = 0 if graft else self.since_graft + 1
+        if graft:
+            self.policy.record(graft + 1, accepted)
+            self.steps += 1
 
     def preferred_over(self, draft_policy) -> bool:
         """Whether a lookup step is expected to commit tokens at least as fast as the draft's policy would.

@@ -115,6 +115,10 @@ class AdaptiveWidth:
     def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
         """One step of `width` took `seconds`; row r accepted num_accepted[r] of its width-1 proposals."""
         self._time(width, seconds)
+        self.record(width, num_accepted)
+
+    def record(self, width: int, num_accepted: list[int]) -> None:
+        """Acceptance only (no timing): row r accepted num_accepted[r] of the width-1 proposals it was given."""
         if width == 1:
             return  # nothing was proposed: acceptance counts stay as they were
         self.reached *= self.decay
@@ -124,6 +128,14 @@ class AdaptiveWidth:
             self.reached[: width - 1] += (slots <= a + 1).double()  # slot k is reached when k-1 were accepted
             self.accepted[: width - 1] += (slots <= a).double()
 
+
+    def seconds_per_position(self) -> float | None:
+        """What one more verified position costs: the slope of the measured step time from width 2 to the widest
+        (both drafted, so the draft's own cost cancels); None until both are timed."""
+        top = self.widths[-1]
+        if top <= 2 or 2 not in self.seconds or top not in self.seconds:
+            return None
+        return max(0.0, (self.seconds[top] - self.seconds[2]) / (top - 2))
 
     def _time(self, width: int, seconds: float) -> None:
         self.steps += 1
@@ -150,11 +162,16 @@ class TreeWidth(AdaptiveWidth):
         self.observed = torch.zeros(max_width, dtype=torch.float64)  # decayed count of rows observed
 
     def gains(self) -> torch.Tensor:
-        out, prior = torch.ones(self.block_size, dtype=torch.float64), 0.0
+        # Each width's mean is shrunk towards the previous width's (towards 0.5 accepted guesses for w = 2, the
+        # chain's even first-slot prior: a pessimistic start would keep a good draft switched off), and never
+        # falls below it: more nodes never accept less.
+        out, previous = torch.ones(self.block_size, dtype=torch.float64), None
         for w in range(2, self.block_size + 1):
             total, rows = self.accepted_sum[w - 1], self.observed[w - 1]
-            prior = max(float((total + self.prior_strength * prior) / (rows + self.prior_strength)), prior)
-            out[w - 1] = 1 + prior
+            centre = 0.5 if previous is None else previous
+            mean = float((total + self.prior_strength * centre) / (rows + self.prior_strength))
+            previous = mean if previous is None else max(mean, previous)
+            out[w - 1] = 1 + previous
         return out
 
     def observe(self, width: int, num_accepted: list[int], seconds: float,

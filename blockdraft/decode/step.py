@@ -15,7 +15,7 @@ from .lookup import PromptLookup
 from .policy import TreeWidth
 from .selection import Selector
 from .state import DecodeState
-from .tree import TOP_K, accept_path, accepted_depth, ancestors, build_tree, max_nodes
+from .tree import TOP_K, accept_path, accepted_depth, ancestors, build_grafted_tree, max_nodes
 
 
 def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selector: Selector, stats, policy=None):
@@ -39,22 +39,33 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     `policy` (see policy.py) picks the verify width w <= K of this step and is told how it went; without one
     every step verifies the full block. `lookup` (lookup.py), when given, may take the step instead: a block
     continued from an earlier occurrence of each row's last tokens, at the width of its own policy. `tree`
-    (greedy only) verifies a token tree of w nodes instead of a block of w slots (`tree_step`).
+    verifies a token tree of w nodes instead of a block of w slots (`tree_step`); a lookup's continuation is
+    then grafted onto the tree instead of competing with it.
     """
     started = time.perf_counter()
     anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
-    found = lookup.propose(state.tokens, state.lengths) if lookup is not None and drafter is not None else None
-    use_lookup = found is not None and lookup.preferred_over(policy)
-    chooser = lookup.policy if use_lookup else policy
-    width = 1 if drafter is None else chooser.choose() if chooser is not None else drafter.block_size
+    if tree and drafter is not None:
+        # A tree step grafts the rows' lookup continuations onto the draft's tree: one verify tries both.
+        found = lookup.runs(state.tokens, state.lengths) if lookup is not None else None
+        width = policy.choose() if policy is not None else drafter.block_size
+        graft = lookup.graft_length(policy, width, int(found[1].max())) if found is not None else 0
+        if found is not None and graft == 0:
+            lookup.observe_graft(0, [])
+        if width > 1 or graft > 0:
+            return tree_step(state, target, drafter, selector, stats, policy, width, anchors, s, started,
+                             lookup, found, graft)
+        found, use_lookup, chooser = None, False, policy  # a plain step
+    else:
+        found = lookup.propose(state.tokens, state.lengths) if lookup is not None and drafter is not None else None
+        use_lookup = found is not None and lookup.preferred_over(policy)
+        chooser = lookup.policy if use_lookup else policy
+        width = 1 if drafter is None else chooser.choose() if chooser is not None else drafter.block_size
 
     # 1. Draft: feed the newly committed positions to the draft's context cache, then propose the block (the
     #    draft runs all K slots, as trained; the head scores only the w-1 proposals this step verifies). A plain
     #    step (w = 1) leaves the draft alone: its pending positions wait for the next drafted step, fed at once.
     #    So does a lookup step, whose proposals are the looked-up tokens (no longer than the longest match).
     drafted = width > 1 and not use_lookup
-    if drafted and tree:
-        return tree_step(state, target, drafter, selector, stats, chooser, width, anchors, s, started)
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
@@ -95,15 +106,26 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
 
 
 def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Selector, stats, policy, width: int,
-              anchors: torch.Tensor, s: torch.Tensor, started: float):
-    """One step over a token tree of `width` nodes (tree.py), numbered as `step`; anchors [B] at positions s [B]."""
-    B = anchors.shape[0]
+              anchors: torch.Tensor, s: torch.Tensor, started: float, lookup: PromptLookup | None = None,
+              found: tuple[torch.Tensor, torch.Tensor] | None = None, graft: int = 0):
+    """One step over a token tree (tree.py), numbered as `step`; anchors [B] at positions s [B].
 
-    # 1. Draft: the block's slot distributions, then the `width` likeliest nodes over them.
-    drafter.append_context(state.pending, state.pending_counts)
-    slots = min(drafter.block_size - 1, width - 1)
-    log_q = drafter.propose(anchors, s, slots=slots).log_softmax(dim=-1)  # [B, n, V]
-    tree = build_tree(anchors, log_q, min(width, max_nodes(slots, TOP_K)), TOP_K)
+    The tree holds the draft's `width` likeliest nodes (none past the anchor when width is 1) and, grafted on, up
+    to `graft` tokens of each row's lookup continuation `found` (proposals [B, W-1], lengths [B]; lookup.py).
+    """
+    B = anchors.shape[0]
+    runs = (found[0][:, :graft], found[1].clamp(max=graft)) if graft > 0 else (None, None)
+
+    # 1. Draft: the block's slot distributions, then the `width` likeliest nodes over them, then the runs. A row
+    #    of a batch whose run adds fewer nodes is filled with more draft nodes, so a graft drafts every slot.
+    drafted = width > 1 or (graft > 0 and B > 1)
+    log_q, size = None, 1
+    if drafted:
+        drafter.append_context(state.pending, state.pending_counts)
+        slots = drafter.block_size - 1 if graft > 0 and B > 1 else min(drafter.block_size - 1, width - 1)
+        log_q = drafter.propose(anchors, s, slots=slots).log_softmax(dim=-1)  # [B, n, V]
+        size = min(width, max_nodes(slots, TOP_K))
+    tree, run_nodes = build_grafted_tree(anchors, log_q, size, TOP_K, *runs)  # run_nodes [B, graft]
     N = tree.size
 
     # 2. Verify: node i at position s + depth_i, in cache slot s + i, sees the context and its ancestors.
@@ -117,12 +139,10 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     path, num_accepted = accept_path(tree, ok)  # [B, P], [B]
     committed = torch.cat([tree.tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
-    events = state.commit(committed, num_accepted + 1, stats, min(N, drafter.block_size))
-    if isinstance(policy, TreeWidth) and selector.params.greedy:  # what each narrower tree would have accepted
-        within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= N}
-        policy.observe(N, num_accepted.tolist(), time.perf_counter() - started, within=within)
-    elif policy is not None:
-        policy.observe(N, num_accepted.tolist(), time.perf_counter() - started)
+    deepest = int(tree.depths.max()) + 1 if graft > 0 else min(N, drafter.block_size)
+    events = state.commit(committed, num_accepted + 1, stats, deepest, lookup=graft > 0)
+    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.params.greedy,
+            time.perf_counter() - started)
 
     # 4. Roll back: the accepted path's K/V move to the slots of their positions; the rest lies past the length.
     P = path.shape[1]
@@ -131,8 +151,32 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     features = out.features
     if features is not None:  # the path's tapped features, in depth order [B, P, L*D]
         features = features.gather(1, path[..., None].expand(B, P, features.shape[-1]))
-    state.pending, state.pending_counts = features, num_accepted + 1
+    if drafted:
+        state.pending, state.pending_counts = features, num_accepted + 1
+    else:  # the draft has not taken in the earlier pending positions yet
+        state.pending, state.pending_counts = join_pending(state.pending, state.pending_counts, features,
+                                                           num_accepted + 1)
     return events
+
+
+def observe(policy, lookup: PromptLookup | None, tree, ok: torch.Tensor, size: int, graft: int,
+            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, greedy: bool, seconds: float) -> None:
+    """Tell each source's policy what its part of a tree step accepted, as if verified alone: the draft's first
+    `size` nodes (timed without the grafted nodes' estimated cost) and the grafted runs."""
+    if policy is not None:
+        extra = tree.size - size  # nodes the graft added (and, in a batch, the draft nodes that filled rows up)
+        cost = policy.seconds_per_position() if extra and hasattr(policy, "seconds_per_position") else None
+        seconds_alone = max(seconds - extra * cost, seconds / 2) if cost is not None else seconds
+        drafted = accepted_depth(tree, ok, size).tolist()
+        if isinstance(policy, TreeWidth) and greedy:  # what each narrower tree would have accepted
+            within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= size}
+            policy.observe(size, drafted, seconds_alone, within=within)
+        else:
+            policy.observe(size, drafted, seconds_alone)
+    if graft > 0:
+        on_run = torch.arange(graft, device=ok.device)[None, :] < run_lengths[:, None]  # [B, graft]
+        hits = ok.gather(1, run_nodes) & on_run  # a run token is accepted when its node is
+        lookup.observe_graft(graft, hits.long().cumprod(dim=1).sum(dim=1).tolist())
 
 
 def join_pending(old: torch.Tensor, old_counts: torch.Tensor, new: torch.Tensor, new_counts: torch.Tensor):

@@ -52,36 +52,95 @@ def build_tree(anchors: torch.Tensor, log_q: torch.Tensor, size: int, top_k: int
 
     Each slot contributes its top_k tokens; a node's score is the sum of its path's log-probs.
     """
-    B, n, V = log_q.shape
-    k = min(top_k, V)
+    return build_grafted_tree(anchors, log_q, size, top_k)[0]
+
+
+def build_grafted_tree(anchors: torch.Tensor, log_q: torch.Tensor | None, size: int, top_k: int = TOP_K,
+                       runs: torch.Tensor | None = None, run_lengths: torch.Tensor | None = None):
+    """`build_tree`, then each row's run of fixed guesses grafted on as a path from the anchor ->
+    (tree, run_nodes [B, m]: the node holding each run token).
+
+    runs [B, m] with run_lengths [B] (a prompt lookup's continuation, lookup.py) walk down from the anchor: a
+    run token that is already a child of the current node reuses it, any other becomes a new node. Grafted nodes
+    come after the `size` best-first nodes, so those stay the tree of `size` nodes; rows whose runs added fewer
+    nodes are then filled up to the same node count with the draft's next likeliest nodes. Entries of run_nodes
+    past a row's run length are 0 (the anchor). log_q None: no draft, the tree is the anchor and the run.
+    """
+    B = anchors.shape[0]
+    n, k = (0, 0) if log_q is None else (log_q.shape[1], min(top_k, log_q.shape[2]))
     if not 1 <= size <= max_nodes(n, k):
         raise ValueError(f"a tree over {n} slots with {k} candidates each holds 1..{max_nodes(n, k)} nodes, "
                          f"asked for {size}")
-    scores, tokens = log_q.topk(k, dim=-1)  # [B, n, k] each, best first
-    scores, tokens = scores.tolist(), tokens.tolist()
-    out_tokens, out_parents, out_depths = [], [], []
-    for b in range(B):
-        row_tokens, parents, depths = [int(anchors[b])], [-1], [0]
-        # Heap of (-path score, order, depth, rank, parent node); `order` breaks ties first come, first served.
-        heap = [(-scores[b][0][r], r, 1, r, 0) for r in range(k)]
-        heapq.heapify(heap)
-        order = k
-        while len(row_tokens) < size:
-            neg, _, depth, rank, parent = heapq.heappop(heap)
-            node = len(row_tokens)
-            row_tokens.append(tokens[b][depth - 1][rank])
-            parents.append(parent)
-            depths.append(depth)
-            if depth < n:  # its children: the next slot's candidates, after this guess
-                for r in range(k):
-                    heapq.heappush(heap, (neg - scores[b][depth][r], order, depth + 1, r, node))
-                    order += 1
-        out_tokens.append(row_tokens)
-        out_parents.append(parents)
-        out_depths.append(depths)
+    if log_q is None:
+        scores = tokens = [[] for _ in range(B)]
+    else:
+        top = log_q.topk(k, dim=-1)  # [B, n, k] each, best first
+        scores, tokens = top.values.tolist(), top.indices.tolist()
+    rows = [_RowTree(int(a), score, token, k) for a, score, token in zip(anchors.tolist(), scores, tokens)]
+    m = 0 if runs is None else runs.shape[1]
+    run_nodes = torch.zeros(B, m, dtype=torch.long)
+    run_rows = runs.tolist() if runs is not None else [[] for _ in rows]
+    lengths = run_lengths.tolist() if run_lengths is not None else [0] * B
+    for b, row in enumerate(rows):
+        row.grow(size)
+        grafted = row.graft(run_rows[b][: lengths[b]])
+        run_nodes[b, : len(grafted)] = torch.tensor(grafted, dtype=torch.long)
+    total = max(len(row.tokens) for row in rows)
+    for row in rows:
+        row.grow(total)
+        if len(row.tokens) < total:
+            raise ValueError(f"the draft's {n} slots of {k} candidates cannot fill a row to {total} nodes; "
+                             "propose more slots when grafting runs onto a batch")
     device = anchors.device
-    return Tree(torch.tensor(out_tokens, device=device), torch.tensor(out_parents, device=device),
-                torch.tensor(out_depths, device=device))
+    tree = Tree(*(torch.tensor([getattr(row, name) for row in rows], device=device)
+                  for name in ("tokens", "parents", "depths")))
+    return tree, run_nodes.to(device)
+
+
+class _RowTree:
+    """One row's tree under construction: best-first over the draft's candidates, plus grafted runs."""
+
+    def __init__(self, anchor: int, scores: list[list[float]], tokens: list[list[int]], k: int) -> None:
+        self.scores, self.candidates, self.k = scores, tokens, k
+        self.tokens, self.parents, self.depths = [anchor], [-1], [0]
+        self.children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        # Heap of (-path score, order, depth, rank, parent node); `order` breaks ties first come, first served.
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.order = 0
+        self._push_children(0, 0.0, 0)
+
+    def _push_children(self, node: int, neg: float, depth: int) -> None:
+        if depth < len(self.scores):  # the next slot's candidates, after this node
+            for r in range(self.k):
+                heapq.heappush(self.heap, (neg - self.scores[depth][r], self.order, depth + 1, r, node))
+                self.order += 1
+
+    def _add(self, token: int, parent: int) -> int:
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.children[(parent, token)] = node
+        return node
+
+    def grow(self, size: int) -> None:
+        """Add the draft's likeliest remaining nodes until the row holds `size` (or the candidates run out)."""
+        while len(self.tokens) < size and self.heap:
+            neg, _, depth, rank, parent = heapq.heappop(self.heap)
+            token = self.candidates[depth - 1][rank]
+            node = self.children.get((parent, token))  # a grafted node the draft also guessed: extend it
+            if node is None:
+                node = self._add(token, parent)
+            self._push_children(node, neg, depth)
+
+    def graft(self, run: list[int]) -> list[int]:
+        """Walk `run` down from the anchor, adding the nodes that are missing; the node of each run token."""
+        node, path = 0, []
+        for token in run:
+            child = self.children.get((node, token))
+            node = self._add(token, node) if child is None else child
+            path.append(node)
+        return path
 
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
