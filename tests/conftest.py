@@ -72,6 +72,12 @@ class ScriptedDrafter:
     def append_context(self, features, counts) -> None:
         pass
 
+    def propose_top(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int, top_k: int):
+        """A token tree's candidates, from `propose` (as the real Drafter's, normalised over what it scores)."""
+        from blockdraft.decode.tree import top_candidates
+
+        return top_candidates(self.propose(anchors, anchor_positions, slots).log_softmax(-1), top_k)
+
     def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:
         K = self.block_size
         right = self.calls % K

@@ -10,8 +10,8 @@ from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
 from blockdraft.decode.policy import TreeWidth, make_policy
 from blockdraft.decode.tree import (
-    Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_grafted_tree, build_tree, deepest_node,
-    max_nodes,
+    TOP_K, Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_grafted_tree, build_tree, deepest_node,
+    max_nodes, top_candidates,
 )
 from blockdraft.sampling import greedy_step
 
@@ -72,7 +72,7 @@ def test_a_grafted_run_reuses_the_drafts_nodes_and_comes_after_them():
     best = [int(plain.tokens[0, 1]), int(log_q[0, 1].argmax())]  # the draft's first node, then a new token
     missing = next(t for t in range(VOCAB) if t not in plain.tokens[0].tolist())
     run = torch.tensor([best + [missing]])
-    tree, run_nodes = build_grafted_tree(anchors, log_q, 6, runs=run, run_lengths=torch.tensor([3]))
+    tree, run_nodes = build_grafted_tree(anchors, top_candidates(log_q), 6, runs=run, run_lengths=torch.tensor([3]))
     check_shape(tree)
     assert torch.equal(tree.tokens[:, :6], plain.tokens), "the first `size` nodes stay the draft's tree"
     assert int(run_nodes[0, 0]) == 1, "a run token the draft also guessed reuses its node"
@@ -85,7 +85,7 @@ def test_a_grafted_run_reuses_the_drafts_nodes_and_comes_after_them():
 def test_grafted_rows_are_filled_to_one_node_count_with_draft_nodes():
     log_q = random_log_q(B=3, n=4, seed=3)
     runs = torch.tensor([[40, 41, 42, 43], [40, 41, 0, 0], [0, 0, 0, 0]])
-    tree, run_nodes = build_grafted_tree(torch.tensor([5, 6, 7]), log_q, 4, runs=runs,
+    tree, run_nodes = build_grafted_tree(torch.tensor([5, 6, 7]), top_candidates(log_q), 4, runs=runs,
                                          run_lengths=torch.tensor([4, 2, 0]))
     check_shape(tree)
     assert tree.size == 8, "the longest graft sets the node count"
@@ -268,3 +268,25 @@ def test_tree_width_learns_from_what_narrower_trees_would_have_accepted():
     gains = policy.gains()
     assert gains[0] == 1.0 and gains[1] < 1.3 and 1.7 < gains[3] < 2.1 and 3.5 < gains[7] <= 4.0
     assert all(a <= b for a, b in zip(gains, gains[1:])), "more nodes never expect fewer tokens"
+
+
+@pytest.mark.parametrize("vocab", [None, [0, 3, 5, 8, 13, 21, 34, 40]], ids=["full", "proposal-vocab"])
+def test_a_drafts_tree_candidates_are_the_top_of_its_distribution(vocab):
+    """`propose_top` normalises over the proposal vocabulary only: the same log-probs as the full q, whose
+    entries outside that vocabulary are -inf."""
+    from blockdraft.decode.drafter import Drafter
+
+    target = tiny_target("llama")
+    drafter = Drafter(tiny_draft(target, block_size=4), target, vocab=None if vocab is None else torch.tensor(vocab))
+    prompt = [[1, 2, 3, 4, 5]]
+    drafter.start(1, 32, prompt)
+    out = target.forward(torch.tensor(prompt), torch.arange(5)[None], target.new_cache(1, 32),
+                         drafter.tap_layer_ids)
+    drafter.append_context(out.features, torch.tensor([5]))
+    anchors, s = torch.tensor([6]), torch.tensor([5])
+    scores, tokens = drafter.propose_top(anchors, s, 3, TOP_K)
+    expected = top_candidates(drafter.propose(anchors, s, slots=3).log_softmax(-1), TOP_K)
+    torch.testing.assert_close(scores, expected[0])
+    assert torch.equal(tokens, expected[1])
+    if vocab is not None:
+        assert set(tokens.flatten().tolist()) <= set(vocab) | set(prompt[0]), "proposals stay in the vocabulary"

@@ -51,6 +51,20 @@ def test_propose_scores_vocabulary_and_prompt_ids_only():
     torch.testing.assert_close(logits[1][..., allowed], logits[0][..., allowed], rtol=1e-5, atol=1e-5)
 
 
+def test_the_vocabulary_head_is_built_once_and_again_after_the_head_changes():
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=8)
+    first, second = Drafter(draft, target, vocab=WORDS), Drafter(draft, target, vocab=WORDS)
+    first.start(1, 32, [PROMPTS[0]])
+    second.start(1, 32, [PROMPTS[1]])
+    assert first.head is second.head, "one gather and pack per vocabulary, not per request"
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.0)
+    third = Drafter(draft, target, vocab=WORDS)
+    third.start(1, 32, [PROMPTS[0]])
+    assert third.head is not first.head, "a changed head weight must not be served from the cache"
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_greedy_output_unchanged_by_the_vocabulary(family):
     target = tiny_target(family)

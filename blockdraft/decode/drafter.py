@@ -11,7 +11,8 @@ from ..cache import KVCache
 from ..model.draft import DFlashDraftModel
 from ..model.packed import head_linear
 from ..model.target import Target
-from .vocab import scatter_logits, with_prompt_tokens
+from .tree import top_candidates
+from .vocab import prompt_only_ids, scatter_logits
 
 
 def padded_rows(counts: torch.Tensor, width: int) -> torch.Tensor:
@@ -37,7 +38,8 @@ class Drafter:
         # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them; by default
         # the one loaded beside the draft. Each request adds its prompts' ids.
         self.vocab = getattr(draft, "draft_vocab", None) if vocab is None else vocab
-        self.active_ids: torch.Tensor | None = None  # [N'] this request's ids
+        self.active_ids: torch.Tensor | None = None  # [N'] this request's ids: the vocabulary's, then its prompts'
+        self.extra_head = None  # rows [..., D] -> logits over the prompts' ids outside the vocabulary [..., E]
         self.head = None  # rows [..., D] -> their logits over active_ids [..., N'] (packed like the target's)
 
     @property
@@ -56,11 +58,14 @@ class Drafter:
         )
         if self.vocab is not None:
             ids = self.vocab.to(self.target.device)
-            self.active_ids = with_prompt_tokens(ids, prompts) if prompts else ids
-            head = self.target.lm_head
-            rows = head.weight.detach()[self.active_ids]  # [N', D], one gather a request
-            bias = None if getattr(head, "bias", None) is None else head.bias.detach()[self.active_ids]
-            self.head = head_linear(rows, bias, pack=self.target.packed)
+            extra = prompt_only_ids(ids, prompts) if prompts else ids[:0]  # [E]: the prompts' ids it lacks
+            self.active_ids = torch.cat([ids, extra])  # [N'] = [N + E]
+            self.head = self.target.row_head(ids)  # built once per vocabulary
+            self.extra_head = None
+            if extra.numel():  # a few rows a request: gathered, not packed
+                head = self.target.lm_head
+                bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
+                self.extra_head = head_linear(head.weight.detach()[extra], bias, pack=False)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -79,10 +84,11 @@ class Drafter:
             self.cache.write(layer, k, v, positions)
         self.cache.crop_to(start + counts)
 
-    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:
-        """Draft logits [B, n, V] float32 for block slots 1..n (n = `slots`, default K-1), given anchors [B] at
-        positions [B]. The draft always runs the whole block, as trained; only the LM head, which costs as
-        much as the rest of the draft, is limited to the slots that will be verified.
+    def _logits(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None):
+        """Draft logits float32 for block slots 1..n (n = `slots`, default K-1), given anchors [B] at positions
+        [B] -> (logits [B, n, V] and None, or logits [B, n, N'] over the proposal vocabulary and its ids [N']).
+        The draft always runs the whole block, as trained; only the LM head, which costs as much as the rest of
+        the draft, is limited to the slots that will be verified.
 
         The context cache must already hold positions 0..anchor_position-1 of every row.
         """
@@ -101,10 +107,26 @@ class Drafter:
         # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
         rows = hidden[:, 1: K if slots is None else 1 + slots]  # [B, n, D]
         if self.head is None:
-            return self._softcap(self.target.logits(rows))
-        # Scored over the proposal vocabulary only [B, n, N']; -inf elsewhere (after the softcap).
-        logits = self._softcap(self.head(rows).float())
-        return scatter_logits(logits, self.active_ids, self.target.lm_head.weight.shape[0])
+            return self._softcap(self.target.logits(rows)), None
+        # Scored over the proposal vocabulary only [B, n, N'] (its ids: active_ids, the vocabulary's then the extra).
+        logits = self.head(rows)
+        if self.extra_head is not None:
+            logits = torch.cat([logits, self.extra_head(rows)], dim=-1)
+        return self._softcap(logits.float()), self.active_ids
+
+    def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:
+        """Draft logits [B, n, V] float32 for block slots 1..n (n = `slots`, default K-1), given anchors [B] at
+        positions [B]; -inf outside the proposal vocabulary. See `_logits`."""
+        logits, ids = self._logits(anchors, anchor_positions, slots)
+        return logits if ids is None else scatter_logits(logits, ids, self.target.lm_head.weight.shape[0])
+
+    def propose_top(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int,
+                    top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each slot's top_k tokens and their draft log-probs (a token tree's candidates, tree.py): [B, n, k]
+        each, best first. Normalised over the proposal vocabulary, where q lives, without widening to V."""
+        logits, ids = self._logits(anchors, anchor_positions, slots)
+        scores, index = top_candidates(logits.log_softmax(dim=-1), top_k)
+        return scores, index if ids is None else ids[index]
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.config.final_logit_softcapping

@@ -119,13 +119,13 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     # 1. Draft: the block's slot distributions, then the `width` likeliest nodes over them, then the runs. A row
     #    of a batch whose run adds fewer nodes is filled with more draft nodes, so a graft drafts every slot.
     drafted = width > 1 or (graft > 0 and B > 1)
-    log_q, size = None, 1
+    candidates, size = None, 1
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         slots = drafter.block_size - 1 if graft > 0 and B > 1 else min(drafter.block_size - 1, width - 1)
-        log_q = drafter.propose(anchors, s, slots=slots).log_softmax(dim=-1)  # [B, n, V]
+        candidates = drafter.propose_top(anchors, s, slots, TOP_K)  # log-probs, tokens [B, n, k]
         size = min(width, max_nodes(slots, TOP_K))
-    tree, run_nodes = build_grafted_tree(anchors, log_q, size, TOP_K, *runs)  # run_nodes [B, graft]
+    tree, run_nodes = build_grafted_tree(anchors, candidates, size, *runs)  # run_nodes [B, graft]
     N = tree.size
 
     # 2. Verify: node i at position s + depth_i, in cache slot s + i, sees the context and its ancestors.

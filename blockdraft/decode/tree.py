@@ -52,30 +52,37 @@ def build_tree(anchors: torch.Tensor, log_q: torch.Tensor, size: int, top_k: int
 
     Each slot contributes its top_k tokens; a node's score is the sum of its path's log-probs.
     """
-    return build_grafted_tree(anchors, log_q, size, top_k)[0]
+    return build_grafted_tree(anchors, top_candidates(log_q, top_k), size)[0]
 
 
-def build_grafted_tree(anchors: torch.Tensor, log_q: torch.Tensor | None, size: int, top_k: int = TOP_K,
+def top_candidates(log_q: torch.Tensor, top_k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each slot's top_k candidates from draft log-probs log_q [B, n, V]: (log-probs, tokens), [B, n, k] each,
+    best first."""
+    top = log_q.topk(min(top_k, log_q.shape[-1]), dim=-1)
+    return top.values, top.indices
+
+
+def build_grafted_tree(anchors: torch.Tensor, candidates: tuple[torch.Tensor, torch.Tensor] | None, size: int,
                        runs: torch.Tensor | None = None, run_lengths: torch.Tensor | None = None):
-    """`build_tree`, then each row's run of fixed guesses grafted on as a path from the anchor ->
+    """The `size` likeliest nodes over each slot's candidates (log-probs, tokens [B, n, k], best first;
+    `top_candidates`), then each row's run of fixed guesses grafted on as a path from the anchor ->
     (tree, run_nodes [B, m]: the node holding each run token).
 
     runs [B, m] with run_lengths [B] (a prompt lookup's continuation, lookup.py) walk down from the anchor: a
     run token that is already a child of the current node reuses it, any other becomes a new node. Grafted nodes
     come after the `size` best-first nodes, so those stay the tree of `size` nodes; rows whose runs added fewer
     nodes are then filled up to the same node count with the draft's next likeliest nodes. Entries of run_nodes
-    past a row's run length are 0 (the anchor). log_q None: no draft, the tree is the anchor and the run.
+    past a row's run length are 0 (the anchor). candidates None: no draft, the tree is the anchor and the run.
     """
     B = anchors.shape[0]
-    n, k = (0, 0) if log_q is None else (log_q.shape[1], min(top_k, log_q.shape[2]))
+    n, k = (0, 0) if candidates is None else tuple(candidates[1].shape[1:])
     if not 1 <= size <= max_nodes(n, k):
         raise ValueError(f"a tree over {n} slots with {k} candidates each holds 1..{max_nodes(n, k)} nodes, "
                          f"asked for {size}")
-    if log_q is None:
+    if candidates is None:
         scores = tokens = [[] for _ in range(B)]
     else:
-        top = log_q.topk(k, dim=-1)  # [B, n, k] each, best first
-        scores, tokens = top.values.tolist(), top.indices.tolist()
+        scores, tokens = candidates[0].tolist(), candidates[1].tolist()
     rows = [_RowTree(int(a), score, token, k) for a, score, token in zip(anchors.tolist(), scores, tokens)]
     m = 0 if runs is None else runs.shape[1]
     run_nodes = torch.zeros(B, m, dtype=torch.long)

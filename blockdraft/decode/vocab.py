@@ -68,6 +68,13 @@ def read_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def prompt_only_ids(ids: torch.Tensor, prompts: list[list[int]] | torch.Tensor) -> torch.Tensor:
+    """The prompts' ids (lists of ids, or a tensor of ids of any shape) that the draft vocabulary ids [N] lacks:
+    [E] sorted, distinct, possibly empty."""
+    union = with_prompt_tokens(ids, prompts)
+    return union[~torch.isin(union, ids)]
+
+
 def with_prompt_tokens(ids: torch.Tensor, prompts: list[list[int]] | torch.Tensor) -> torch.Tensor:
     """The union of the draft vocabulary ids [N] and every id of the prompts (lists of ids, or a tensor of ids
     of any shape): [N'] sorted, distinct."""

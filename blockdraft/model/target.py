@@ -17,7 +17,7 @@ import torch
 from ..cache import KVCache
 from ..errors import ConfigError
 from .layers import grouped_attention
-from .packed import fits_in_memory, head_linear, pack_linear, packing_supported
+from .packed import fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 
@@ -57,11 +57,9 @@ class Target:
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
         self.packed = self._should_pack() if pack_weights is None else pack_weights and self._can_pack()
-        wrap = pack_linear if self.packed else (lambda module: module)
-        # Per layer: the seven projections, packed or the HF modules themselves.
-        self.linears = [
-            {name: wrap(module) for name, module in _projections(layer).items()} for layer in self.layers
-        ]
+        # Per layer: the seven projections, packed (q/k/v and gate/up stacked into one product each) or the HF
+        # modules themselves.
+        self.linears = [_layer_linears(layer, self.packed) for layer in self.layers]
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
 
     def _can_pack(self) -> bool:
@@ -96,19 +94,44 @@ class Target:
         """LM head over final-normed rows [..., D] -> [..., V] float32."""
         return self.head(hidden).float()
 
-    def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, slots, mask):
+    def row_head(self, ids: torch.Tensor):
+        """The LM head restricted to the vocabulary rows ids [N] (a draft's proposal vocabulary): rows [..., D] ->
+        [..., N], packed like the target's own head. Gathering and packing 23k rows costs about as much as two
+        target steps, so each distinct ids (and head weight) is built once and kept (the last few)."""
+        weight = self.lm_head.weight
+        bias = getattr(self.lm_head, "bias", None)
+        key = (ids.data_ptr(), ids.numel(), int(ids[0]), int(ids[-1]), int(ids.sum()), weight.data_ptr(),
+               None if weight.is_inference() else weight._version)
+        heads = self.__dict__.setdefault("_row_heads", {})
+        if key not in heads:
+            if len(heads) >= 4:
+                heads.pop(next(iter(heads)))
+            rows = weight.detach()[ids]  # [N, D]
+            heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids], pack=self.packed)
+        return heads[key]
+
+    def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, slots, mask, start: int | None = None):
         """One attention block: write this call's K/V at `slots` [B, T], attend over the mask's span."""
         attn, linear = layer.self_attn, self.linears[index]
         B, T, _ = x.shape
-        q = linear["q"](x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, H, T, Dh]
-        k = linear["k"](x).view(B, T, -1, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
-        v = linear["v"](x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        H, Hkv, Dh = self.heads, self.kv_heads, self.head_dim
+        c, s = cos[:, None], sin[:, None]
+        if "qkv" in linear:
+            qkv = linear["qkv"](x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
+            q, k, v = qkv.split([H, Hkv, Hkv], dim=1)
+        else:
+            q = linear["q"](x).view(B, T, H, Dh).transpose(1, 2)  # [B, H, T, Dh]
+            k = linear["k"](x).view(B, T, Hkv, Dh).transpose(1, 2)  # [B, Hkv, T, Dh]
+            v = linear["v"](x).view(B, T, Hkv, Dh).transpose(1, 2)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
             q, k = attn.q_norm(q), attn.k_norm(k)
-        c, s = cos[:, None], sin[:, None]
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
-        cache.write(index, k, v, slots)
+        if "qkv" in linear and not hasattr(attn, "q_norm"):  # q and k rotated together: same ops, half the calls
+            qk = qkv[:, : H + Hkv]
+            q, k = (qk * c + _rotate_half(qk) * s).split([H, Hkv], dim=1)
+        else:
+            q = q * c + _rotate_half(q) * s
+            k = k * c + _rotate_half(k) * s
+        cache.write(index, k, v, slots, start)
         keys, values = cache.read(index, mask.shape[-1])
         out = grouped_attention(q, keys, values, mask)
         return linear["o"](out.transpose(1, 2).reshape(B, T, -1))
@@ -116,6 +139,9 @@ class Target:
     def _mlp(self, layer, x, index: int):
         """The layer's gated MLP, down(act(gate(x)) * up(x)), over its (packed) projections."""
         linear = self.linears[index]
+        if "gate_up" in linear:
+            gate, up = linear["gate_up"](x).chunk(2, dim=-1)
+            return linear["down"](layer.mlp.act_fn(gate) * up)
         return linear["down"](layer.mlp.act_fn(linear["gate"](x)) * linear["up"](x))
 
     def forward(
@@ -137,12 +163,13 @@ class Target:
         """
         mask = _attention_mask(positions, slots, block_mask)  # [B, T, span]
         slots = positions if slots is None else slots
+        start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = self.rotary(x, positions)  # [B, T, Dh] each
         tapped = {}
         wanted = set(tap_layer_ids)
         for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, slots, mask)
+            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, slots, mask, start)
             x = x + self._mlp(layer, layer.post_attention_layernorm(x), index)
             if index in wanted:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
@@ -165,6 +192,22 @@ def _attention_mask(positions: torch.Tensor, slots: torch.Tensor | None, block_m
     columns = torch.arange(int(slots.max()) + 1, device=slots.device)
     mask = (columns[None, :] < slots[:, :1]).unsqueeze(1).repeat(1, T, 1)  # the context before the first slot
     return mask.scatter(2, slots[:, None, :].expand(B, T, T), block_mask)
+
+
+def _layer_linears(layer, packed: bool) -> dict:
+    """A layer's projections by short name: the HF modules, or packed ones where q/k/v become one "qkv" product
+    and gate/up one "gate_up" product (packed.py: same bits) whenever their weights can share one."""
+    modules = _projections(layer)
+    if not packed:
+        return modules
+    out = {}
+    for fused, names in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
+        stacked = pack_concat([modules[name] for name in names])
+        if stacked is not None:
+            out[fused] = stacked
+        else:
+            out.update({name: pack_linear(modules[name]) for name in names})
+    return out | {name: pack_linear(modules[name]) for name in ("o", "down")}
 
 
 def _projections(layer) -> dict:
