@@ -290,3 +290,23 @@ def test_a_drafts_tree_candidates_are_the_top_of_its_distribution(vocab):
     assert torch.equal(tokens, expected[1])
     if vocab is not None:
         assert set(tokens.flatten().tolist()) <= set(vocab) | set(prompt[0]), "proposals stay in the vocabulary"
+
+
+def test_tree_width_re_measures_the_widest_tree_as_well_as_the_runner_up():
+    """While plain steps win, every other re-measurement is of the widest tree, whose step tells what every
+    narrower tree would have accepted: a width judged on a few early steps does not stay judged."""
+    policy = TreeWidth(8)  # widths 1, 2, 4, 8
+
+    def step(width: int) -> None:
+        seconds = 0.010 if width == 1 else 0.012 + 0.001 * width
+        within = {w: [0] for w in policy.widths if 1 < w <= width}
+        policy.observe(width, [0], seconds, within=within)
+
+    picks = []
+    for _ in range(200):
+        width = policy.choose()
+        picks.append(width)
+        step(width)
+    explored = [w for w in picks[len(policy.widths):] if w != 1]
+    assert picks.count(1) > 150, "a draft that never hits leaves plain steps in charge"
+    assert 8 in explored and 2 in explored, f"re-measured: {sorted(set(explored))}"

@@ -73,6 +73,7 @@ class AdaptiveWidth:
         self.seconds: dict[int, float] = {}  # width -> smoothed step time
         self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
         self.last_explored = 0  # step of the last re-measurement of a width that was not the best
+        self.explorations = 0
         self.steps = 0
 
     def alpha(self) -> torch.Tensor:
@@ -102,8 +103,13 @@ class AdaptiveWidth:
             # Re-measure the runner-up, the width most likely to take over: machines drift, batches shrink,
             # and while plain steps win only a drafting step can tell that the draft has started to hit.
             self.last_explored = self.steps
-            return ranked[1]
+            self.explorations += 1
+            return self._explore(ranked)
         return ranked[0]
+
+    def _explore(self, ranked: list[int]) -> int:
+        """The width to re-measure, from the widths ranked best first."""
+        return ranked[1]
 
     def best_rate(self) -> float | None:
         """The best expected tokens per second over the widths (None until every width has been timed)."""
@@ -173,6 +179,12 @@ class TreeWidth(AdaptiveWidth):
             previous = mean if previous is None else max(mean, previous)
             out[w - 1] = 1 + previous
         return out
+
+    def _explore(self, ranked: list[int]) -> int:
+        """Every other re-measurement is of the widest tree, which also tells what every narrower tree would
+        have accepted: a width that lost on a few early steps is re-assessed, not left on its first estimate."""
+        widest = self.widths[-1]
+        return widest if self.explorations % 2 and ranked[0] != widest else ranked[1]
 
     def observe(self, width: int, num_accepted: list[int], seconds: float,
                 within: dict[int, list[int]] | None = None) -> None:
