@@ -153,3 +153,14 @@ def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
                    adaptive=CyclingWidth(8), lookup=lookup)[0]
     assert out.tokens == base.tokens[:30] and len(checked) >= 3 and out.stats.plain_steps >= 2
     assert out.stats.lookup_steps >= 2 if with_lookup else out.stats.lookup_steps == 0
+
+
+def test_the_cost_of_a_verified_position_is_fitted_from_drafted_steps():
+    policy = AdaptiveWidth(8)
+    assert policy.seconds_per_position() is None, "nothing timed yet"
+    for width in policy.widths:  # stale single timings: a slope of 1 ms per position
+        policy.observe(width, [0], 0.010 + 0.001 * width)
+    assert abs(policy.seconds_per_position() - 0.001) < 1e-9
+    for positions in [2, 9, 16, 23] * 10:  # drafted steps: 20 ms plus 0.4 ms per verified position
+        policy.observe_cost(positions, 0.020 + 0.0004 * positions)
+    assert abs(policy.seconds_per_position() - 0.0004) < 1e-9, "the fit replaces the two-width slope"

@@ -74,6 +74,7 @@ class AdaptiveWidth:
         self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
         self.last_explored = 0  # step of the last re-measurement of a width that was not the best
         self.explorations = 0
+        self.cost_fit = [0.0] * 5  # decayed sums over drafted steps: count, positions, seconds, positions^2, p*s
         self.steps = 0
 
     def alpha(self) -> torch.Tensor:
@@ -135,9 +136,20 @@ class AdaptiveWidth:
             self.accepted[: width - 1] += (slots <= a).double()
 
 
+    def observe_cost(self, positions: int, seconds: float) -> None:
+        """A drafted step verified `positions` tokens in `seconds` (a token tree with a lookup run grafted on may
+        verify more than its width): one point of the step-time line that `seconds_per_position` fits."""
+        d = self.decay
+        self.cost_fit = [d * x + y for x, y in zip(self.cost_fit, (1.0, positions, seconds, positions**2,
+                                                                      positions * seconds))]
+
     def seconds_per_position(self) -> float | None:
-        """What one more verified position costs: the slope of the measured step time from width 2 to the widest
-        (both drafted, so the draft's own cost cancels); None until both are timed."""
+        """What one more verified position costs: the slope of a least-squares line through the drafted steps'
+        (positions, seconds), decayed like the acceptance counts; until their positions vary enough, the slope
+        from width 2 to the widest (both drafted, so the draft's own cost cancels); None until both are timed."""
+        count, n, t, nn, nt = self.cost_fit
+        if count >= 4 and nn / count - (n / count) ** 2 >= 1.0:
+            return max(0.0, (nt / count - n * t / count**2) / (nn / count - (n / count) ** 2))
         top = self.widths[-1]
         if top <= 2 or 2 not in self.seconds or top not in self.seconds:
             return None

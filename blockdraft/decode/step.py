@@ -141,8 +141,10 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
     deepest = int(tree.depths.max()) + 1 if graft > 0 else min(N, drafter.block_size)
     events = state.commit(committed, num_accepted + 1, stats, deepest, lookup=graft > 0)
-    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.params.greedy,
-            time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    if drafted and hasattr(policy, "observe_cost"):
+        policy.observe_cost(N, seconds)
+    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.params.greedy, seconds)
 
     # 4. Roll back: the accepted path's K/V move to the slots of their positions; the rest lies past the length.
     P = path.shape[1]
