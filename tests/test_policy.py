@@ -158,9 +158,15 @@ def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
 def test_the_cost_of_a_verified_position_is_fitted_from_drafted_steps():
     policy = AdaptiveWidth(8)
     assert policy.seconds_per_position() is None, "nothing timed yet"
-    for width in policy.widths:  # stale single timings: a slope of 1 ms per position
+    for width in policy.widths:  # slow first timings, which the fit leaves out
+        policy.observe_cost(width, 0.100)
+        policy.observe(width, [0], 0.100)
+    for width in policy.widths:  # stale timings: a slope of 1 ms per position
+        policy.observe_cost(width, 0.010 + 0.001 * width)
         policy.observe(width, [0], 0.010 + 0.001 * width)
     assert abs(policy.seconds_per_position() - 0.001) < 1e-9
     for positions in [2, 9, 16, 23] * 10:  # drafted steps: 20 ms plus 0.4 ms per verified position
         policy.observe_cost(positions, 0.020 + 0.0004 * positions)
     assert abs(policy.seconds_per_position() - 0.0004) < 1e-9, "the fit replaces the two-width slope"
+    assert abs(policy.step_seconds(8) - 0.0232) < 1e-4, "drafted widths are timed by the fitted line"
+    assert policy.step_seconds(1) == policy.seconds[1], "a plain step by its own measurement"

@@ -90,13 +90,13 @@ class AdaptiveWidth:
         return expected_tokens(self.alpha())
 
     def choose(self) -> int:
-        unmeasured = [w for w in self.widths if w not in self.seconds]
-        if unmeasured:  # time every width once first, the cheapest first
+        unmeasured = [w for w in self.widths if self.measurements.get(w, 0) < 2]
+        if unmeasured:  # time every width twice first (a first step of a shape may pay one-off costs)
             return unmeasured[0]
         gain = self.gains()
 
         def rate(w: int) -> float:  # expected tokens per second; drafting must win by `margin` (timing noise)
-            return float(gain[w - 1]) / self.seconds[w] / (self.margin if w > 1 else 1.0)
+            return float(gain[w - 1]) / self.step_seconds(w) / (self.margin if w > 1 else 1.0)
 
         ranked = sorted(self.widths, key=rate, reverse=True)
         interval = self.explore_close if rate(ranked[1]) >= self.close * rate(ranked[0]) else self.explore_every
@@ -117,7 +117,14 @@ class AdaptiveWidth:
         if any(w not in self.seconds for w in self.widths):
             return None
         gain = self.gains()
-        return max(float(gain[w - 1]) / self.seconds[w] for w in self.widths)
+        return max(float(gain[w - 1]) / self.step_seconds(w) for w in self.widths)
+
+    def step_seconds(self, width: int) -> float:
+        """Expected seconds of a step of `width`: for a drafted width, the line fitted through every drafted
+        step's time (`observe_cost`) once there is one, so that a width timed long ago, or only on a slow
+        first step, is judged by today's steps of all widths; else the width's own smoothed measurement."""
+        fit = self._cost_line() if width > 1 else None
+        return fit[0] + fit[1] * width if fit is not None else self.seconds[width]
 
     def observe(self, width: int, num_accepted: list[int], seconds: float) -> None:
         """One step of `width` took `seconds`; row r accepted num_accepted[r] of its width-1 proposals."""
@@ -138,7 +145,10 @@ class AdaptiveWidth:
 
     def observe_cost(self, positions: int, seconds: float) -> None:
         """A drafted step verified `positions` tokens in `seconds` (a token tree with a lookup run grafted on may
-        verify more than its width): one point of the step-time line that `seconds_per_position` fits."""
+        verify more than its width): one point of the step-time line that `seconds_per_position` fits. Steps
+        before every width has been timed twice are left out (a first step of a shape may pay one-off costs)."""
+        if any(self.measurements.get(w, 0) < 2 for w in self.widths):
+            return
         d = self.decay
         self.cost_fit = [d * x + y for x, y in zip(self.cost_fit, (1.0, positions, seconds, positions**2,
                                                                       positions * seconds))]
@@ -147,13 +157,22 @@ class AdaptiveWidth:
         """What one more verified position costs: the slope of a least-squares line through the drafted steps'
         (positions, seconds), decayed like the acceptance counts; until their positions vary enough, the slope
         from width 2 to the widest (both drafted, so the draft's own cost cancels); None until both are timed."""
-        count, n, t, nn, nt = self.cost_fit
-        if count >= 4 and nn / count - (n / count) ** 2 >= 1.0:
-            return max(0.0, (nt / count - n * t / count**2) / (nn / count - (n / count) ** 2))
+        fit = self._cost_line()
+        if fit is not None:
+            return fit[1]
         top = self.widths[-1]
         if top <= 2 or 2 not in self.seconds or top not in self.seconds:
             return None
         return max(0.0, (self.seconds[top] - self.seconds[2]) / (top - 2))
+
+    def _cost_line(self) -> tuple[float, float] | None:
+        """(intercept, slope) of drafted step seconds against verified positions; None until at least 4 steps
+        whose positions spread enough (a variance of 1) to tell a slope."""
+        count, n, t, nn, nt = self.cost_fit
+        if count < 4 or nn / count - (n / count) ** 2 < 1.0:
+            return None
+        slope = max(0.0, (nt / count - n * t / count**2) / (nn / count - (n / count) ** 2))
+        return t / count - slope * n / count, slope
 
     def _time(self, width: int, seconds: float) -> None:
         self.steps += 1
