@@ -13,7 +13,10 @@ width. Only speed depends on the choice.
 with drafting (w > 1) required to win by a small margin (2 %), so that timing noise does not buy slow steps.
 
 alpha_i are decayed counts pooled over rows (a Beta prior centred on the previous slot's estimate keeps
-rarely reached slots from looking good by default); t(w) is an exponential average of measured step times.
+rarely reached slots from looking good by default). t(w) is an exponential average of measured step times;
+every width is timed twice before the first choice, and once the drafted steps (token trees report theirs)
+spread over enough widths, a drafted width's t(w) is read off a line fitted through all of them against their
+verified positions, which also prices a lookup run grafted onto a tree (lookup.py).
 With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it
 re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again; every
 `explore_close` steps while the runner-up is expected within `close` (10 %) of the best. Near a tie a
