@@ -2,8 +2,9 @@
 
 Answers that quote their context (constraint lists, code that reuses the prompt's names, rewrites of a given
 text) repeat spans of it verbatim. The draft sees the context only through the target's features and misses
-many of those runs; a lookup proposes them outright: the tokens that followed the most recent earlier
-occurrence of the row's last n tokens (the longest n from `max_ngram` down to `min_ngram` that occurs).
+many of those runs; a lookup proposes them outright: the tokens that followed the earlier occurrence of the
+row's last `min_ngram` tokens that shares the longest suffix with the row (up to `max_ngram` tokens; the most
+recent among equals).
 
 A lookup block is verified like any block, so greedy output stays the target's own. Under sampling a lookup
 proposal is a point mass, q = one-hot, for which rejection sampling is exact (DESIGN.md §3): the token is
@@ -30,24 +31,39 @@ import torch
 from .policy import AdaptiveWidth
 
 
-def continuation(ids: torch.Tensor, count: int, max_ngram: int = 3, min_ngram: int = 2) -> torch.Tensor:
-    """Up to `count` tokens [m] that followed the most recent earlier occurrence of the last n tokens of
-    ids [L] (the longest n in max_ngram..min_ngram that occurs earlier), or an empty tensor."""
+MAX_NGRAM = 16  # how far back a shared suffix ranks occurrences (below: measured gains stopped by 12-16)
+
+
+def continuation(ids: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 2) -> torch.Tensor:
+    """Up to `count` tokens [m] that followed the earlier occurrence of the context's end that shares the longest
+    suffix with it (at least min_ngram, at most max_ngram tokens; the most recent among equals), in ids [L],
+    or an empty tensor.
+
+    Ranking occurrences by the shared suffix, not only by the last few tokens, picks the right one of several
+    repeats. From the same matches, a suffix of up to 16 tokens instead of 3 made the continuations agree with the
+    target's own answers for 19 % more tokens on 60 training answers of `codeio-functions` and 3 % more on 60
+    of ShareGPT/HealthBench (every other position); on the first 8 greedy answers of HumanEval, IFEval and
+    MT-Bench, 24-35 % more. Longer suffixes than 12-16 changed nothing there.
+    """
     L = ids.shape[0]
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if L <= n:
-            continue
-        tail = ids[L - n:]
-        # Windows starting at 0..L-n-1: every n-gram but the tail itself, each followed by >= 1 token.
-        windows = ids[: L - 1].unfold(0, n, 1)  # [L-n, n]
-        starts = (windows == tail).all(dim=1).nonzero()[:, 0]
-        if starts.numel():
-            begin = int(starts[-1]) + n
-            return ids[begin : begin + count]
-    return ids[:0]
+    if L <= min_ngram:
+        return ids[:0]
+    # Occurrences of the last min_ngram tokens that end at 0..L-2 (each followed by at least one token).
+    windows = ids[: L - 1].unfold(0, min_ngram, 1)  # [L-min_ngram, min_ngram]
+    ends = (windows == ids[L - min_ngram:]).all(dim=1).nonzero()[:, 0] + min_ngram - 1  # [S] last index
+    if not ends.numel():
+        return ids[:0]
+    # Suffix shared with the context's end: compare backwards from each occurrence's end, up to max_ngram.
+    back = torch.arange(min(max_ngram, L), device=ids.device)  # [n]
+    here = ends[:, None] - back  # [S, n] positions before each occurrence's end
+    same = (here >= 0) & (ids[here.clamp(min=0)] == ids[L - 1 - back])  # [S, n]
+    shared = same.long().cumprod(dim=1).sum(dim=1)  # [S], >= min_ngram
+    best = int((shared * L + ends).argmax())  # the longest, then the most recent
+    begin = int(ends[best]) + 1
+    return ids[begin : begin + count]
 
 
-def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ngram: int = 3,
+def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM,
                  min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's continuation of its first lengths[b] tokens of tokens [B, C]: proposals [B, count] (padded
     by repeating the row's last proposal) and their real lengths [B] (0: no match, the row is all padding)."""
@@ -66,7 +82,7 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
 class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
-    def __init__(self, block_size: int, *, policy=None, max_ngram: int = 3, min_ngram: int = 2,
+    def __init__(self, block_size: int, *, policy=None, max_ngram: int = MAX_NGRAM, min_ngram: int = 2,
                  width: int | None = None, explore_every: int = 16) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
