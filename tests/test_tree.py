@@ -310,3 +310,14 @@ def test_tree_width_re_measures_the_widest_tree_as_well_as_the_runner_up():
     explored = [w for w in picks[len(policy.widths):] if w != 1]
     assert picks.count(1) > 150, "a draft that never hits leaves plain steps in charge"
     assert 8 in explored and 2 in explored, f"re-measured: {sorted(set(explored))}"
+
+
+def test_one_unlucky_early_step_does_not_switch_a_tree_off():
+    """The first width's estimate starts from an even 0.5 accepted guesses: one early miss leaves it near 1.33
+    expected tokens, not at 1.0 (which, with drafted steps costing more, would keep plain steps in charge)."""
+    policy = TreeWidth(8)
+    policy.observe(2, [0], 0.012, within={2: [0]})
+    assert policy.gains()[1] > 1.3
+    for _ in range(30):  # a draft that keeps missing is still found out
+        policy.observe(2, [0], 0.012, within={2: [0]})
+    assert policy.gains()[1] < 1.1
