@@ -49,78 +49,61 @@ def fits_in_memory(nbytes: int, share: float = 0.25) -> bool:
     return nbytes <= share * total
 
 
-class PackedLinear:
-    """x [..., D] -> [..., N], as `F.linear(x, weight, bias)`, over a copy of weight [N, D] packed once.
+class PackedConcat:
+    """x [..., D] -> [..., N1 + N2 + ...], as `torch.cat([F.linear(x, w, b) for w, b in ...], -1)`, in one product
+    over the weights [Ni, D] stacked and packed once (one weight: a plain linear, `PackedLinear`; several: a
+    layer's q/k/v or gate/up projections).
 
-    Inputs that need a gradient, or that do not match the weight's dtype and device, take `F.linear` on the
-    original weight: the packed kernel has no backward, and only serves the inference forward. A weight changed
-    after packing (in place, as a loaded state dict does, or replaced, as `.to()` does) is packed again on the next
-    call, or left to `F.linear` when it is no longer a bf16 CPU tensor; the copy is never stale.
+    One product instead of several saves the per-call cost of the small decode GEMMs (q/k/v of a SmolLM2 layer:
+    61 us apart, 24 us together at one row here). For the few rows of a decode step (1 to 100 measured) the bits
+    are those of the separate products; a long prefill's product may round differently, as any change of GEMM
+    kernel can. The target alone and speculative decoding run the same products, so their outputs still agree.
+
+    Inputs that need a gradient, or that do not match the weights' dtype and device, take `F.linear` on the
+    original weights: the packed kernel has no backward, and only serves the inference forward. A weight or bias
+    changed after packing (in place, as a loaded state dict does, or replaced, as `.to()` does) is packed again on
+    the next call, or left to `F.linear` when it is no longer a bf16 CPU tensor; the copy is never stale.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight, self.bias = weight, bias
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None = None) -> None:
+        self.weights, self.biases = list(weights), None if biases is None else list(biases)
         self._pack()
 
     def _stamp(self) -> tuple:
-        return _version(self.weight), self.weight.data_ptr(), self.weight.dtype
+        return tuple((_version(w), w.data_ptr(), w.dtype) for w in self.weights + (self.biases or []))
 
     def _pack(self) -> None:
         self.stamp = self._stamp()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_ROWS)
+        self.bias = None if self.biases is None else _joined([b.detach() for b in self.biases])  # [N1 + N2 + ...]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(_joined([w.detach() for w in self.weights]), PACK_ROWS)
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, _joined(self.weights), None if self.biases is None else _joined(self.biases))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.requires_grad or x.dtype != self.weight.dtype or x.device != self.weight.device:
-            return F.linear(x, self.weight, self.bias)
+        first = self.weights[0]
+        if x.requires_grad or x.dtype != first.dtype or x.device != first.device:
+            return self._reference(x)
         if self._stamp() != self.stamp:
-            if not packing_supported(self.weight):
-                return F.linear(x, self.weight, self.bias)
+            if not all(packing_supported(w) for w in self.weights):
+                return self._reference(x)
             self._pack()
         flat = x.reshape(-1, x.shape[-1])  # [M, D], contiguous as oneDNN needs
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], -1)
 
 
-class PackedConcat:
-    """x [..., D] -> [..., N1 + N2 + ...], as `torch.cat([F.linear(x, w) for w in weights], -1)`, in one product
-    over the weights [Ni, D] stacked and packed once (a layer's q/k/v or gate/up projections).
+class PackedLinear(PackedConcat):
+    """x [..., D] -> [..., N], as `F.linear(x, weight, bias)`, over a copy of weight [N, D] packed once."""
 
-    One product instead of several saves the per-call cost of the small decode GEMMs (q/k/v of a SmolLM2 layer:
-    61 us apart, 24 us together at one row here). For the few rows of a decode step (1 to 100 measured) the bits
-    are those of the separate products; a long prefill's product may round differently, as any change of GEMM
-    kernel can. The target alone and speculative decoding run the same products, so their outputs still agree.
-    Inputs that need a gradient or that do not match fall back to `F.linear` over the concatenation; a part
-    changed after packing is packed again on the next call, like PackedLinear.
-    """
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight
+        super().__init__([weight], None if bias is None else [bias])
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None = None) -> None:
-        self.weights, self.biases = list(weights), biases
-        self.bias = torch.cat(biases) if biases is not None else None  # [N1 + N2 + ...]
-        self._pack()
 
-    def _stamp(self) -> tuple:
-        return tuple((_version(w), w.data_ptr(), w.dtype) for w in self.weights + (self.biases or []))
-
-    def _stacked(self) -> torch.Tensor:
-        return torch.cat([w.detach() for w in self.weights])  # [N1 + N2 + ..., D]
-
-    def _pack(self) -> None:
-        self.stamp = self._stamp()
-        if self.biases is not None:
-            self.bias = torch.cat([b.detach() for b in self.biases])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self._stacked(), PACK_ROWS)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        first = self.weights[0]
-        if x.requires_grad or x.dtype != first.dtype or x.device != first.device:
-            return F.linear(x, torch.cat(self.weights), self.bias)
-        if self._stamp() != self.stamp:
-            if not all(packing_supported(w) for w in self.weights):
-                return F.linear(x, torch.cat(self.weights), self.bias)
-            self._pack()
-        flat = x.reshape(-1, x.shape[-1])  # [M, D]
-        out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], -1)
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts stacked along dim 0; a single part as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def pack_concat(modules: list[nn.Linear]) -> PackedConcat | None:
