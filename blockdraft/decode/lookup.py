@@ -97,8 +97,8 @@ class PromptLookup:
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""
-        proposals, found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
-        return (proposals, found) if bool((found > 0).all()) else None
+        found = self.runs(tokens, lengths)
+        return found if found is not None and bool((found[1] > 0).all()) else None
 
     def runs(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None."""
@@ -118,9 +118,10 @@ class PromptLookup:
         does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed.
         """
         cost = draft_policy.seconds_per_position() if hasattr(draft_policy, "seconds_per_position") else None
-        seconds = getattr(draft_policy, "seconds", {}).get(width)
-        if cost is None or seconds is None or self.since_graft >= self.explore_every:
+        timed = width in getattr(draft_policy, "seconds", {})
+        if cost is None or not timed or self.since_graft >= self.explore_every:
             return min(available, self.width - 1)
+        seconds = draft_policy.step_seconds(width)  # the tree's expected step time, as its own policy judges it
         tree_gain, gain = float(draft_policy.gains()[width - 1]), self.policy.gains()  # gain[m]: E(m + 1)
 
         def rate(m: int) -> float:
