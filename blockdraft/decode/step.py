@@ -139,7 +139,7 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     path, num_accepted = accept_path(tree, ok)  # [B, P], [B]
     committed = torch.cat([tree.tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
-    deepest = int(tree.depths.max()) + 1 if graft > 0 else min(N, drafter.block_size)
+    deepest = int(tree.depths.max()) + 1  # the slots this tree reached: its width for the per-position rates
     events = state.commit(committed, num_accepted + 1, stats, deepest, lookup=graft > 0)
     seconds = time.perf_counter() - started
     if drafted and hasattr(policy, "observe_cost"):
