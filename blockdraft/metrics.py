@@ -9,9 +9,9 @@ got to propose k), i.e. steps with tau > k over steps that reached slot k (tau >
 A step may verify fewer than K slots (an adaptive width; width 1 is a plain target step that proposes
 nothing): tau still counts its tokens, the histogram its tau, and `plain_steps` how many proposed nothing.
 `lookup_steps` counts the steps whose proposals came from a prompt lookup (decode/lookup.py), alone or grafted
-onto the draft's token tree: tau and the per-position rates pool both sources. A lookup block may be wider than the draft's K (it is not
-bounded by the draft's slots); the first step that commits more than K tokens extends the histogram and the
-per-position rates to its width, and `block_size` with them.
+onto the draft's token tree: tau and the per-position rates pool both sources. A lookup block may be wider than
+the draft's K (it is not bounded by the draft's slots); the first step that commits more than K tokens extends
+the histogram and the per-position rates to its width, and `block_size` with them.
 """
 
 from __future__ import annotations
@@ -60,13 +60,15 @@ class AcceptanceStats:
 
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
         size = max(self.block_size, other.block_size)
+
         def add(a: list[int], b: list[int], n: int) -> list[int]:
             return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
 
         return AcceptanceStats(
             size, add(self.histogram, other.histogram, size), self.tokens + other.tokens,
             self.seconds + other.seconds, self.new_tokens + other.new_tokens,
-            add(self.slot_reached, other.slot_reached, size - 1), add(self.slot_accepted, other.slot_accepted, size - 1),
+            add(self.slot_reached, other.slot_reached, size - 1),
+            add(self.slot_accepted, other.slot_accepted, size - 1),
             self.plain_steps + other.plain_steps, self.lookup_steps + other.lookup_steps,
         )
 
