@@ -61,6 +61,7 @@ class Target:
         # modules themselves.
         self.linears = [_layer_linears(layer, self.packed) for layer in self.layers]
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
+        self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
 
     def _can_pack(self) -> bool:
         return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(self.lm_head.weight)
@@ -102,7 +103,7 @@ class Target:
         bias = getattr(self.lm_head, "bias", None)
         key = (ids.data_ptr(), ids.numel(), int(ids[0]), int(ids[-1]), int(ids.sum()), weight.data_ptr(),
                None if weight.is_inference() else weight._version)
-        heads = self.__dict__.setdefault("_row_heads", {})
+        heads = self._row_heads
         if key not in heads:
             if len(heads) >= 4:
                 heads.pop(next(iter(heads)))
