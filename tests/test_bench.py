@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from blockdraft.bench import BenchSettings
-from blockdraft.bench.methods import Decoded, reference_method
+from blockdraft.bench.methods import METHODS, Decoded, choose_methods, reference_method
 from blockdraft.bench.runner import batches, interleaved_order, run_bench, trim
 from blockdraft.bench.summary import first_difference, paired_ratios, spread, summarize_method
 from blockdraft.cli import main
+from blockdraft.errors import InputError
 from blockdraft.commands import bench as command
 from blockdraft.commands.bench import report
 from blockdraft.prompts import Prompt, benchmark_set_names
@@ -131,6 +132,30 @@ def test_report_writes_full_json_and_png(bench_out):
     # fp32 tiny targets have no near-ties: every greedy method must reproduce our baseline exactly.
     assert document["mismatches"] == [], f"greedy methods disagree with ours-baseline: {document['mismatches']}"
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_methods_subset_keeps_the_references_and_base_order(tmp_path):
+    assert choose_methods(None) == METHODS
+    assert choose_methods("blockdraft-lookup, hf-prompt-lookup") == (
+        "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft-lookup"), "references kept, base order"
+    target = tiny_target("llama")
+    stdout = io.StringIO()
+    with redirect_stdout(stdout):
+        settings = BenchSettings(block_size=4, max_new_tokens=4, warmup=False, methods=choose_methods("blockdraft"))
+        assert report(target, tiny_draft(target, block_size=4), [[1, 5, 9], [3, 4]], settings, tmp_path) == 0
+    line = json.loads(stdout.getvalue().rstrip("\n").splitlines()[-1])
+    assert list(line["methods"]) == ["ours-baseline", "hf-generate", "blockdraft"], "only the methods asked for run"
+    assert len(json.loads((tmp_path / "bench.json").read_text())["rows"]) == 2 * 3
+
+
+def test_unknown_method_is_refused_with_the_known_ones(capsys):
+    with pytest.raises(InputError, match="blockdraft-lookup"):
+        choose_methods("blockdraft-lokup")
+    with pytest.raises(InputError, match="no method named"):
+        choose_methods(" , ")
+    assert main(["bench", "--prompts", "no-such-set", "--methods", "hf-generat"]) == 2
+    err = capsys.readouterr().err
+    assert "'hf-generat'" in err and all(name in err for name in METHODS), "the method is checked first"
 
 
 def test_unknown_prompt_set_lists_known_sets(capsys):

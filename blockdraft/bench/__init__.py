@@ -18,7 +18,7 @@ from ..decode.generate import eos_ids
 from ..hardware import describe
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
-from .methods import build_methods
+from .methods import build_methods, choose_methods
 from .report import build_document
 from .runner import BenchSettings, run_bench
 
@@ -32,7 +32,8 @@ def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]],
     """Run every available method on `prompts` (token ids) and return the bench document (report.py)."""
     # One stop set for every method, the one our decode loop uses by default: equal stopping.
     stop_token_ids = sorted(eos_ids(target))
-    methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder)
+    methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder,
+                                   choose_methods(settings.methods))
     run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
     context = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device), **(context or {}),
                "stop_token_ids": stop_token_ids}

@@ -21,6 +21,7 @@ them all by one rule. Methods that cannot batch decode their prompts one at a ti
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import torch
 from ..decode.generate import generate
 from ..decode.lookup import PromptLookup
 from ..decode.policy import make_policy
+from ..errors import InputError
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
@@ -37,6 +39,8 @@ PROMPT_LOOKUP_NUM_TOKENS = 10
 BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE = (
     "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
     "blockdraft-lookup", "dflash-reference")
+METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE)
+REQUIRED = (BASELINE, HF_GENERATE)  # every speedup is against these, and every output is checked against the first
 
 
 @dataclass
@@ -126,9 +130,26 @@ class ReferenceMethod:
         return Decoded(output_ids[0, len(prompt):].tolist(), stats)
 
 
+def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The methods to run, in their base order, from a comma-separated list (None: all of them); the two
+    references are always kept. An unknown name is refused with the known ones."""
+    if names is None:
+        return METHODS
+    wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else [str(n).strip() for n in names]
+    wanted = [n for n in wanted if n]
+    unknown = [n for n in wanted if n not in METHODS]
+    if unknown or not wanted:
+        what = f"unknown method {unknown[0]!r}" if unknown else "no method named"
+        raise InputError(f"{what}; pass a comma-separated list of: {', '.join(METHODS)} "
+                         f"({' and '.join(REQUIRED)} always run: every speedup and exactness check refers to them)")
+    return tuple(n for n in METHODS if n in wanted or n in REQUIRED)
+
+
 def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop_token_ids: list[int],
-                  draft_folder: str | Path | None = None) -> tuple[list, list[str]]:
-    """The methods to compare, in their base order, and a note for each one skipped."""
+                  draft_folder: str | Path | None = None,
+                  names: Sequence[str] = METHODS) -> tuple[list, list[str]]:
+    """The methods named (all by default) that can run here, in their base order, and a note for each one
+    skipped."""
     methods = [
         OursMethod(BASELINE, target, None, None, stop_token_ids),
         HFMethod(HF_GENERATE, target, stop_token_ids),
@@ -138,6 +159,9 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True),
         OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True),
     ]
+    methods = [m for m in methods if m.name in names]
+    if REFERENCE not in names:
+        return methods, []
     reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
     if reference is not None:
         methods.append(reference)

@@ -31,6 +31,7 @@ class BenchSettings:
     max_new_tokens: int
     batch_size: int = 1
     warmup: bool = True
+    methods: tuple[str, ...] | None = None  # the methods to run (methods.METHODS); None: all that can run here
 
 
 @dataclass

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..api import DEFAULT_DRAFT, encode, load_draft
 from ..bench import BenchSettings, benchmark
+from ..bench.methods import METHODS, REQUIRED, choose_methods
 from ..bench.plot import save_plot
 from ..bench.report import render, save_json, summary_line
 from ..decode.generate import check_request
@@ -30,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=1,
                         help="prompts decoded together by batched methods (prompt lookup always runs one at a time)")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma-separated methods to run (default: all): {', '.join(METHODS)}; "
+                             f"{' and '.join(REQUIRED)} always run")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
     add_model_arguments(parser)
 
@@ -39,6 +43,7 @@ def run(args) -> int:
                         ("--batch-size", args.batch_size)):
         if value <= 0:
             raise InputError(f"`{flag}` must be a positive integer, got {value}")
+    methods = choose_methods(args.methods)  # a misspelt method fails before anything loads
     # Prompts first: a wrong set name or a bad file line fails in milliseconds, before the model loads.
     prompts = load_prompts(args.prompts, args.limit)
     if not prompts:
@@ -54,7 +59,8 @@ def run(args) -> int:
     ids = [_encode(target, p.messages) for p in prompts]
     block_size = args.block_size or draft.config.block_size
     check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size)
-    settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                             methods=methods)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True)}
     draft_folder = _draft_folder(args.draft)
