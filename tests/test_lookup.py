@@ -135,9 +135,68 @@ def test_graft_length_follows_what_grafted_runs_are_worth():
     for _ in range(100):  # the hits decay away
         lookup.observe_graft(7, [0])
     assert lookup.graft_length(draft, 1, 7) == 0, "runs that always miss are not"
-    for _ in range(lookup.explore_every):
-        lookup.observe_graft(0, [])
-    assert lookup.graft_length(draft, 1, 7) == 7, "but one is grafted again now and then"
+    # But one is grafted again now and then: every explore_every-th step, or less often where that costs more
+    # than the exploration budget. Here a whole run costs 7 ms on top of the 11 ms plain step, for a few
+    # hundredths of a token more (the misses' decayed estimate): about 6 ms lost, at 2 % of the decode time one
+    # in 6 / (0.02 * 11) ~ 28 steps.
+    for budget, expected in ((1.0, (16, 16)), (0.02, (25, 32))):
+        lookup.explore_budget, lookup.since_graft = budget, 0
+        steps = next(n for n in range(1, 200) if (lookup.observe_graft(0, []), lookup.graft_length(draft, 1, 7))[1])
+        assert expected[0] <= steps <= expected[1], f"budget {budget}: re-grafted after {steps} steps"
+
+
+def test_a_graft_onto_a_plain_step_of_a_batch_is_priced_as_a_drafted_step():
+    # Plain steps 10 ms; drafting costs 20 ms more; 1 ms per verified position. A run that gets 0.6 tokens
+    # accepted pays alone (one row: 1.6 tokens in 11 ms against 1 in 10) but not in a batch, whose rows are
+    # filled up by the draft (1.6 tokens in 31 ms).
+    draft = make_policy(4, True, tree=True)
+    for width in draft.widths:
+        draft.observe(width, [0], 0.010 + (0.020 if width > 1 else 0.0) + 0.001 * width,
+                      within={w: [0] for w in draft.widths if 1 < w <= width})
+    lookup = PromptLookup(4)
+    for _ in range(30):
+        lookup.observe_graft(1, [1, 0, 1, 1, 0])
+    assert lookup.graft_length(draft, 1, 1, rows=1) == 1
+    assert lookup.graft_length(draft, 1, 1, rows=4) == 0
+
+
+def test_a_batched_graft_onto_a_plain_step_does_not_time_plain_steps():
+    from blockdraft.decode.step import observe
+    from blockdraft.decode.tree import build_grafted_tree
+
+    policy = make_policy(4, True, tree=True)
+    policy.observe(1, [0, 0], 0.010)
+    tree, run_nodes = build_grafted_tree(torch.tensor([5, 6]), None, 1, torch.tensor([[7], [8]]), torch.tensor([1, 1]))
+    ok = torch.ones(2, tree.size, dtype=torch.bool)
+    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), True, 0.050, drafted=True)
+    assert policy.seconds[1] == 0.010, "a drafted step's 50 ms must not stand for a plain step's time"
+    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), True, 0.012, drafted=False)
+    assert policy.measurements[1] == 2, "one row's graft onto a plain step drafts nothing: it times width 1"
+
+
+def test_runs_are_looked_up_only_when_a_graft_may_pay():
+    from blockdraft.decode.state import DecodeState
+    from blockdraft.decode.step import graft_runs
+
+    class Counting(PromptLookup):
+        calls = 0
+
+        def runs(self, tokens, lengths):
+            self.calls += 1
+            return super().runs(tokens, lengths)
+
+    draft = make_policy(4, True, tree=True)
+    for width in draft.widths:
+        draft.observe(width, [0], 0.010 + 0.001 * width, within={w: [0] for w in draft.widths if 1 < w <= width})
+    state = DecodeState([[1, 2, 3, 1, 2]], 32, 8, {0}, torch.device("cpu"))
+    lookup = Counting(4)
+    for _ in range(60):  # runs that always miss
+        lookup.observe_graft(7, [0])
+    lookup.since_graft = 0
+    assert graft_runs(state, lookup, draft, 1) == (None, 0) and lookup.calls == 0, "a graft that cannot pay"
+    lookup.since_graft = 1000  # a re-measurement is due: the runs are looked up and grafted whole
+    found, graft = graft_runs(state, lookup, draft, 1)
+    assert lookup.calls == 1 and found[0][0, :2].tolist() == [3, 1] and graft == int(found[1][0])
 
 
 def test_lookup_steps_at_every_width_keep_greedy_exact():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from blockdraft.decode.generate import generate
-from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, candidate_widths, expected_tokens, make_policy
+from blockdraft.decode.policy import (AdaptiveWidth, FixedWidth, batch_bucket, candidate_widths, expected_tokens,
+                                     make_policy)
 from blockdraft.metrics import AcceptanceStats
 
 from conftest import ScriptedDrafter, tiny_draft, tiny_target
@@ -170,3 +171,39 @@ def test_the_cost_of_a_verified_position_is_fitted_from_drafted_steps():
     assert abs(policy.seconds_per_position() - 0.0004) < 1e-9, "the fit replaces the two-width slope"
     assert abs(policy.step_seconds(8) - 0.0232) < 1e-4, "drafted widths are timed by the fitted line"
     assert policy.step_seconds(1) == policy.seconds[1], "a plain step by its own measurement"
+
+
+def test_step_times_are_kept_per_batch_size():
+    # One row: drafting is cheap and pays. Four rows: the same drafted widths cost several plain steps.
+    policy = AdaptiveWidth(8)
+    one = simulate_at(policy, 1, 200, 0.7, lambda w: 1.0 + (0.1 + 0.02 * w if w > 1 else 0.0))
+    four = simulate_at(policy, 4, 200, 0.7, lambda w: 1.0 + (1.0 + 0.5 * w if w > 1 else 0.0))
+    assert one[100:].count(8) > 85 and four[100:].count(1) > 85, "each batch size is judged by its own step times"
+    assert policy.measurements[1] >= 100 and set(policy.times) == {1, 4}
+    policy.at_batch(1)
+    assert policy.choose() in (8, 4), "back at one row, its own times hold again"
+    assert [policy.times.get(b) is not None for b in (2, 3)] == [False, False] and batch_bucket(3) == 4
+
+
+def simulate_at(policy: AdaptiveWidth, rows: int, steps: int, accept: float, seconds) -> list[int]:
+    generator = torch.Generator().manual_seed(rows)
+    chosen = []
+    for _ in range(steps):
+        policy.at_batch(rows)
+        width = policy.choose()
+        accepted = [int((torch.rand(width - 1, generator=generator) < accept).long().cumprod(0).sum())
+                    for _ in range(rows)]
+        policy.observe(width, accepted, seconds(width))
+        chosen.append(width)
+    return chosen
+
+
+def test_re_measurements_stay_within_their_time_budget():
+    # A useless draft whose drafted steps cost 1.3-1.7 plain steps (one row) or 4-20 (a batch): the first is
+    # re-measured every `explore_every` steps, the second only as often as 2 % of the decode time allows.
+    cheap = simulate(AdaptiveWidth(8), 1000, lambda i: 0.0, cpu_like_cost)[100:]
+    costly = simulate(AdaptiveWidth(8), 1000, lambda i: 0.0, lambda w: 1.0 + (3.0 + 2.0 * w if w > 1 else 0.0))[100:]
+    assert sum(w > 1 for w in cheap) >= 900 // 32 - 2
+    drafted = [w for w in costly if w > 1]
+    lost = sum(3.0 + 2.0 * w for w in drafted)  # seconds beyond the plain steps they replaced (they accept nothing)
+    assert drafted and lost <= 0.02 * len(costly) * 1.1, f"re-measuring cost {lost:.1f} s of {len(costly)} s"

@@ -83,7 +83,7 @@ class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
     def __init__(self, block_size: int, *, policy=None, max_ngram: int = MAX_NGRAM, min_ngram: int = 2,
-                 width: int | None = None, explore_every: int = 16) -> None:
+                 width: int | None = None, explore_every: int = 16, explore_budget: float = 0.02) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.block_size = block_size
@@ -92,7 +92,7 @@ class PromptLookup:
         self.policy = AdaptiveWidth(self.width) if policy is None else policy
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.steps = 0  # lookup steps taken (tree steps with a graft among them)
-        self.explore_every = explore_every
+        self.explore_every, self.explore_budget = explore_every, explore_budget
         self.since_graft = 0  # tree steps since the last graft
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -105,8 +105,9 @@ class PromptLookup:
         proposals, found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
         return (proposals, found) if bool((found > 0).any()) else None
 
-    def graft_length(self, draft_policy, width: int, available: int) -> int:
-        """How many looked-up tokens (0..available) to graft onto the draft's tree of `width` nodes (step.py).
+    def graft_length(self, draft_policy, width: int, available: int, rows: int = 1) -> int:
+        """How many looked-up tokens (0..available) to graft onto the draft's tree of `width` nodes over `rows`
+        rows (step.py).
 
         Each grafted token costs one more verified position (`seconds_per_position` of the draft's policy) and
         is counted as adding the tokens the lookup gets accepted on its own (its policy's E, from grafted runs;
@@ -114,21 +115,35 @@ class PromptLookup:
 
             m* = argmax_m (E_tree(width) + E_lookup(m + 1) - 1) / (t_tree(width) + m * c)
 
+        A run grafted onto a plain step (width 1) of one row is verified without the draft, at t(1) + m * c; in
+        a batch the rows are filled up with draft nodes (step.py), so it costs a drafted step of 1 + m nodes.
         A draft policy that cannot say (a fixed width, or one still timing its widths) gets the whole run; so
-        does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed.
+        does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed, or
+        less often where that re-measurement would cost more than `explore_budget` of the decode time.
         """
+        whole = min(available, self.width - 1)
         cost = draft_policy.seconds_per_position() if hasattr(draft_policy, "seconds_per_position") else None
-        timed = width in getattr(draft_policy, "seconds", {})
-        if cost is None or not timed or self.since_graft >= self.explore_every:
-            return min(available, self.width - 1)
-        seconds = draft_policy.step_seconds(width)  # the tree's expected step time, as its own policy judges it
+        drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
+        timed = (2 if drafted else width) in getattr(draft_policy, "seconds", {})
+        if cost is None or not timed:
+            return whole
+        # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
+        seconds = draft_policy.step_seconds(2) - cost if drafted else draft_policy.step_seconds(width)
+
+        def step_time(m: int) -> float:
+            return draft_policy.step_seconds(1) if drafted and m == 0 else seconds + m * cost
+
         tree_gain, gain = float(draft_policy.gains()[width - 1]), self.policy.gains()  # gain[m]: E(m + 1)
 
-        def rate(m: int) -> float:
-            return (tree_gain + float(gain[m]) - 1) / (seconds + m * cost)
+        def tokens(m: int) -> float:
+            return tree_gain + float(gain[m]) - 1
 
         lengths = sorted({0} | {min(w - 1, available) for w in self.policy.widths})
-        return max(lengths, key=rate)
+        best = max(lengths, key=lambda m: tokens(m) / step_time(m))
+        # Seconds a whole-run graft loses against the best length producing the same expected tokens.
+        lost = step_time(whole) - tokens(whole) / tokens(best) * step_time(best)
+        interval = max(self.explore_every, lost / (self.explore_budget * step_time(best)))
+        return whole if self.since_graft >= interval else best
 
     def observe_graft(self, graft: int, accepted: list[int]) -> None:
         """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""

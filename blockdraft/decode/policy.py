@@ -17,11 +17,17 @@ rarely reached slots from looking good by default). t(w) is an exponential avera
 every width is timed twice before the first choice, and once the drafted steps (token trees report theirs)
 spread over enough widths, a drafted width's t(w) is read off a line fitted through all of them against their
 verified positions, which also prices a lookup run grafted onto a tree (lookup.py).
+Step times depend on how many rows a step decodes (a server's batches vary, and a batch shrinks as its rows
+finish): every timing above is kept per batch-size bucket (1, 2, 3-4, 5-8, ...; `at_batch`, told by each
+step), so a width is judged by steps of the size at hand, and a new bucket times its widths afresh. Acceptance
+is shared by all buckets: it depends on the draft and the text, not on the batch.
 With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it
 re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again; every
 `explore_close` steps while the runner-up is expected within `close` (10 %) of the best. Near a tie a
 re-measurement costs little (at most that 10 % of one step) and decides the most: a draft near break-even
-must not stay switched off for a whole answer because its last estimate fell just short.
+must not stay switched off for a whole answer because its last estimate fell just short. Either interval is
+stretched where a re-measurement would cost more than `explore_budget` (2 %) of the decode time: a wide tree over
+a batch of rows can cost several plain steps.
 
 With sampling, widths chosen from wall-clock times make a seeded sample depend on timing (the output is still
 distributed exactly as the target's); use a fixed width where a seed must reproduce the same text.
@@ -60,33 +66,69 @@ def candidate_widths(block_size: int) -> list[int]:
     return sorted(widths)
 
 
+def batch_bucket(rows: int) -> int:
+    """The timing bucket of a step over `rows` rows: the next power of two (1, 2, 4, 8, ...)."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+class StepTimes:
+    """One batch-size bucket's step times: per width, and the line of drafted steps against verified positions."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}  # width -> smoothed step time
+        self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
+        self.cost_fit = [0.0] * 5  # decayed sums over drafted steps: count, positions, seconds, positions^2, p*s
+
+
 class AdaptiveWidth:
     """The width with the most expected tokens per second, from measured acceptance and step times."""
 
     def __init__(self, block_size: int, *, decay: float = 0.97, time_smoothing: float = 0.3,
                  explore_every: int = 32, explore_close: int = 8, close: float = 0.9, prior_strength: float = 2.0,
-                 margin: float = 1.02) -> None:
+                 margin: float = 1.02, explore_budget: float = 0.02) -> None:
         self.block_size = block_size
         self.widths = candidate_widths(block_size)
         self.decay, self.time_smoothing = decay, time_smoothing
         self.explore_every, self.prior_strength, self.margin = explore_every, prior_strength, margin
         self.explore_close, self.close = explore_close, close
+        self.explore_budget = explore_budget  # the most of the decode time that re-measurements may cost
         self.reached = torch.zeros(block_size - 1, dtype=torch.float64)  # decayed counts per slot 1..K-1
         self.accepted = torch.zeros(block_size - 1, dtype=torch.float64)
-        self.seconds: dict[int, float] = {}  # width -> smoothed step time
-        self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
+        self.times: dict[int, StepTimes] = {1: StepTimes()}  # batch-size bucket -> its step times
+        self.bucket = 1  # the bucket of the steps being chosen and observed now (`at_batch`)
         self.last_explored = 0  # step of the last re-measurement of a width that was not the best
         self.explorations = 0
-        self.cost_fit = [0.0] * 5  # decayed sums over drafted steps: count, positions, seconds, positions^2, p*s
         self.steps = 0
+
+    def at_batch(self, rows: int) -> None:
+        """The next steps decode `rows` rows: choose and time them with that batch-size bucket's step times."""
+        self.bucket = batch_bucket(rows)
+        self.times.setdefault(self.bucket, StepTimes())
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """width -> smoothed step time, in the current bucket."""
+        return self.times[self.bucket].seconds
+
+    @property
+    def measurements(self) -> dict[int, int]:
+        return self.times[self.bucket].measurements
+
+    @property
+    def cost_fit(self) -> list[float]:
+        return self.times[self.bucket].cost_fit
+
+    @cost_fit.setter
+    def cost_fit(self, value: list[float]) -> None:
+        self.times[self.bucket].cost_fit = value
 
     def alpha(self) -> torch.Tensor:
         """Posterior mean acceptance of slots 1..K-1 [K-1]; each slot's prior mean is the previous slot's."""
-        out, prior = torch.empty_like(self.reached), 0.5
-        for i in range(self.block_size - 1):
-            mean = (self.accepted[i] + self.prior_strength * prior) / (self.reached[i] + self.prior_strength)
-            out[i] = prior = float(mean)
-        return out
+        out, prior = [], 0.5  # Python floats: this runs every step, and a loop over tensor scalars costs ~0.1 ms
+        for accepted, reached in zip(self.accepted.tolist(), self.reached.tolist()):
+            prior = (accepted + self.prior_strength * prior) / (reached + self.prior_strength)
+            out.append(prior)
+        return torch.tensor(out, dtype=torch.float64)
 
     def gains(self) -> torch.Tensor:
         """E(w) for w = 1..K [K] float64: expected committed tokens of a step of each width."""
@@ -103,16 +145,22 @@ class AdaptiveWidth:
 
         ranked = sorted(self.widths, key=rate, reverse=True)
         interval = self.explore_close if rate(ranked[1]) >= self.close * rate(ranked[0]) else self.explore_every
+        explore = self._explore(ranked, self.explorations + 1)
+        # Seconds one re-measurement loses against the best width producing the same expected tokens: capped at
+        # `explore_budget` of the decode time (a wide tree over a batch can cost several plain steps).
+        best = ranked[0]
+        lost = self.step_seconds(explore) - float(gain[explore - 1] / gain[best - 1]) * self.step_seconds(best)
+        interval = max(interval, lost / (self.explore_budget * self.step_seconds(best)))
         if self.steps - self.last_explored >= interval:
             # Re-measure the runner-up, the width most likely to take over: machines drift, batches shrink,
             # and while plain steps win only a drafting step can tell that the draft has started to hit.
             self.last_explored = self.steps
             self.explorations += 1
-            return self._explore(ranked)
-        return ranked[0]
+            return explore
+        return best
 
-    def _explore(self, ranked: list[int]) -> int:
-        """The width to re-measure, from the widths ranked best first."""
+    def _explore(self, ranked: list[int], count: int) -> int:
+        """The width of the count-th re-measurement, from the widths ranked best first."""
         return ranked[1]
 
     def best_rate(self) -> float | None:
@@ -205,20 +253,19 @@ class TreeWidth(AdaptiveWidth):
         # Each width's mean is shrunk towards the previous width's (towards 0.5 accepted guesses for w = 2, the
         # chain's even first-slot prior: a pessimistic start would keep a good draft switched off), and never
         # falls below it: more nodes never accept less.
-        out, previous = torch.ones(self.block_size, dtype=torch.float64), None
-        for w in range(2, self.block_size + 1):
-            total, rows = self.accepted_sum[w - 1], self.observed[w - 1]
+        out, previous = [1.0], None  # Python floats, as in `alpha`
+        for total, rows in zip(self.accepted_sum.tolist()[1:], self.observed.tolist()[1:]):  # w = 2..max
             centre = 0.5 if previous is None else previous
-            mean = float((total + self.prior_strength * centre) / (rows + self.prior_strength))
+            mean = (total + self.prior_strength * centre) / (rows + self.prior_strength)
             previous = mean if previous is None else max(mean, previous)
-            out[w - 1] = 1 + previous
-        return out
+            out.append(1 + previous)
+        return torch.tensor(out, dtype=torch.float64)
 
-    def _explore(self, ranked: list[int]) -> int:
+    def _explore(self, ranked: list[int], count: int) -> int:
         """Every other re-measurement is of the widest tree, which also tells what every narrower tree would
         have accepted: a width that lost on a few early steps is re-assessed, not left on its first estimate."""
         widest = self.widths[-1]
-        return widest if self.explorations % 2 and ranked[0] != widest else ranked[1]
+        return widest if count % 2 and ranked[0] != widest else ranked[1]
 
     def observe(self, width: int, num_accepted: list[int], seconds: float,
                 within: dict[int, list[int]] | None = None) -> None:

@@ -44,13 +44,13 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     """
     started = time.perf_counter()
     anchors, s = state.anchors()  # [B], [B]: newest committed token and its position
+    for timed in (policy, lookup.policy if lookup is not None else None):
+        if hasattr(timed, "at_batch"):  # step times depend on the batch size: judge by steps of this one
+            timed.at_batch(anchors.shape[0])
     if tree and drafter is not None:
         # A tree step grafts the rows' lookup continuations onto the draft's tree: one verify tries both.
-        found = lookup.runs(state.tokens, state.lengths) if lookup is not None else None
         width = policy.choose() if policy is not None else drafter.block_size
-        graft = lookup.graft_length(policy, width, int(found[1].max())) if found is not None else 0
-        if found is not None and graft == 0:
-            lookup.observe_graft(0, [])
+        found, graft = graft_runs(state, lookup, policy, width) if lookup is not None else (None, 0)
         if width > 1 or graft > 0:
             return tree_step(state, target, drafter, selector, stats, policy, width, anchors, s, started,
                              lookup, found, graft)
@@ -105,6 +105,23 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     return events
 
 
+def graft_runs(state: DecodeState, lookup: PromptLookup, policy, width: int):
+    """The rows' lookup runs (proposals [B, W-1], lengths [B]; None without a match) and how many of their tokens
+    to graft onto a tree of `width` nodes. The runs are looked up only where a run of the longest length could
+    pay (a lookup over every row's context costs a few percent of a batched plain step)."""
+    rows = state.lengths.shape[0]
+    if lookup.graft_length(policy, width, lookup.width - 1, rows=rows) == 0:
+        lookup.observe_graft(0, [])
+        return None, 0
+    found = lookup.runs(state.tokens, state.lengths)
+    if found is None:
+        return None, 0
+    graft = lookup.graft_length(policy, width, int(found[1].max()), rows=rows)
+    if graft == 0:
+        lookup.observe_graft(0, [])
+    return found, graft
+
+
 def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Selector, stats, policy, width: int,
               anchors: torch.Tensor, s: torch.Tensor, started: float, lookup: PromptLookup | None = None,
               found: tuple[torch.Tensor, torch.Tensor] | None = None, graft: int = 0):
@@ -144,7 +161,7 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     seconds = time.perf_counter() - started
     if drafted and hasattr(policy, "observe_cost"):
         policy.observe_cost(N, seconds)
-    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.params.greedy, seconds)
+    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.params.greedy, seconds, drafted)
 
     # 4. Roll back: the accepted path's K/V move to the slots of their positions; the rest lies past the length.
     P = path.shape[1]
@@ -162,19 +179,23 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
 
 
 def observe(policy, lookup: PromptLookup | None, tree, ok: torch.Tensor, size: int, graft: int,
-            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, greedy: bool, seconds: float) -> None:
+            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, greedy: bool, seconds: float,
+            drafted: bool = True) -> None:
     """Tell each source's policy what its part of a tree step accepted, as if verified alone: the draft's first
-    `size` nodes (timed without the grafted nodes' estimated cost) and the grafted runs."""
-    if policy is not None:
+    `size` nodes (timed without the grafted nodes' estimated cost) and the grafted runs.
+
+    A run grafted onto a plain step of a batch ran the draft too (to fill rows up): that step tells nothing of
+    what a plain step costs, so width 1 is not timed by it."""
+    if policy is not None and not (size == 1 and drafted):
         extra = tree.size - size  # nodes the graft added (and, in a batch, the draft nodes that filled rows up)
         cost = policy.seconds_per_position() if extra and hasattr(policy, "seconds_per_position") else None
         seconds_alone = max(seconds - extra * cost, seconds / 2) if cost is not None else seconds
-        drafted = accepted_depth(tree, ok, size).tolist()
+        accepted = accepted_depth(tree, ok, size).tolist()
         if isinstance(policy, TreeWidth) and greedy:  # what each narrower tree would have accepted
             within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= size}
-            policy.observe(size, drafted, seconds_alone, within=within)
+            policy.observe(size, accepted, seconds_alone, within=within)
         else:
-            policy.observe(size, drafted, seconds_alone)
+            policy.observe(size, accepted, seconds_alone)
     if graft > 0:
         on_run = torch.arange(graft, device=ok.device)[None, :] < run_lengths[:, None]  # [B, graft]
         hits = ok.gather(1, run_nodes) & on_run  # a run token is accepted when its node is
