@@ -207,3 +207,18 @@ def test_re_measurements_stay_within_their_time_budget():
     drafted = [w for w in costly if w > 1]
     lost = sum(3.0 + 2.0 * w for w in drafted)  # seconds beyond the plain steps they replaced (they accept nothing)
     assert drafted and lost <= 0.02 * len(costly) * 1.1, f"re-measuring cost {lost:.1f} s of {len(costly)} s"
+
+
+def test_a_new_batch_size_starts_from_the_nearest_timed_one():
+    policy = AdaptiveWidth(8)
+    simulate_at(policy, 4, 60, 0.1, lambda w: 1.0 + (1.0 + 0.5 * w if w > 1 else 0.0))  # drafting is dear at 4 rows
+    policy.at_batch(1)  # the batch's rows finish: one left
+    assert policy.seconds == policy.times[4].seconds and policy.choose() == 1, \
+        "no re-timing of every width: the 4-row times say plain steps"
+    policy.observe(1, [0], 0.5)
+    policy.at_batch(1)
+    assert policy.seconds[1] == 0.5 and policy.times[4].seconds[1] != 0.5, "its own first time replaces the borrowed one"
+    policy.at_batch(1)
+    policy.observe(8, [7], 0.6)
+    assert policy.seconds[8] == 0.6 and 8 not in policy.times[1].borrowed and policy.times[1].timed(8), \
+        "a re-measured width is judged by its own time at once, without being timed a second time first"

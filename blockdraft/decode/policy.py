@@ -78,6 +78,11 @@ class StepTimes:
         self.seconds: dict[int, float] = {}  # width -> smoothed step time
         self.measurements: dict[int, int] = {}  # width -> how many steps of it were timed
         self.cost_fit = [0.0] * 5  # decayed sums over drafted steps: count, positions, seconds, positions^2, p*s
+        self.borrowed: set[int] = set()  # widths whose time is another bucket's, until first timed here
+
+    def timed(self, width: int) -> bool:
+        """Whether `width` has a time to be judged by: timed twice here, or borrowed."""
+        return self.measurements.get(width, 0) >= 2 or width in self.borrowed
 
 
 class AdaptiveWidth:
@@ -103,7 +108,22 @@ class AdaptiveWidth:
     def at_batch(self, rows: int) -> None:
         """The next steps decode `rows` rows: choose and time them with that batch-size bucket's step times."""
         self.bucket = batch_bucket(rows)
-        self.times.setdefault(self.bucket, StepTimes())
+        if self.bucket not in self.times or not self.times[self.bucket].seconds:  # new, or never timed yet
+            self.times[self.bucket] = self._borrowed_times()
+
+    def _borrowed_times(self) -> StepTimes:
+        """A new bucket's start: the per-width times of the nearest bucket whose widths are all timed, each
+        replaced outright by its first own measurement, instead of timing every width twice again (a batch whose
+        rows finish one by one would spend its last steps re-timing widths). Times from a larger batch make
+        drafting look dearer, so the new bucket starts on plain steps and re-measures the runner-up; from a
+        smaller one cheaper, so it drafts and corrects on the first step."""
+        times = StepTimes()
+        done = [b for b, t in self.times.items() if all(t.timed(w) for w in self.widths)]
+        if done:
+            near = min(done, key=lambda b: (abs(b.bit_length() - self.bucket.bit_length()), b))
+            times.seconds = dict(self.times[near].seconds)
+            times.borrowed = set(times.seconds)
+        return times
 
     @property
     def seconds(self) -> dict[int, float]:
@@ -135,7 +155,7 @@ class AdaptiveWidth:
         return expected_tokens(self.alpha())
 
     def choose(self) -> int:
-        unmeasured = [w for w in self.widths if self.measurements.get(w, 0) < 2]
+        unmeasured = [w for w in self.widths if not self.times[self.bucket].timed(w)]
         if unmeasured:  # time every width twice first (a first step of a shape may pay one-off costs)
             return unmeasured[0]
         gain = self.gains()
@@ -198,7 +218,7 @@ class AdaptiveWidth:
         """A drafted step verified `positions` tokens in `seconds` (a token tree with a lookup run grafted on may
         verify more than its width): one point of the step-time line that `seconds_per_position` fits. Steps
         before every width has been timed twice are left out (a first step of a shape may pay one-off costs)."""
-        if any(self.measurements.get(w, 0) < 2 for w in self.widths):
+        if not all(self.times[self.bucket].timed(w) for w in self.widths):
             return
         d = self.decay
         self.cost_fit = [d * x + y for x, y in zip(self.cost_fit, (1.0, positions, seconds, positions**2,
@@ -229,6 +249,10 @@ class AdaptiveWidth:
         self.steps += 1
         # A width's first measurement may carry one-off start-up costs: its second (when it is next chosen or
         # re-measured) replaces it outright.
+        times = self.times[self.bucket]
+        if width in times.borrowed:  # the first own measurement replaces another bucket's time, and counts as timed
+            times.borrowed.discard(width)
+            times.measurements[width] = 1
         count = self.measurements.get(width, 0)
         s = self.time_smoothing
         self.seconds[width] = seconds if count < 2 else (1 - s) * self.seconds[width] + s * seconds
