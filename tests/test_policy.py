@@ -217,7 +217,8 @@ def test_a_new_batch_size_starts_from_the_nearest_timed_one():
         "no re-timing of every width: the 4-row times say plain steps"
     policy.observe(1, [0], 0.5)
     policy.at_batch(1)
-    assert policy.seconds[1] == 0.5 and policy.times[4].seconds[1] != 0.5, "its own first time replaces the borrowed one"
+    assert policy.seconds[1] == 0.5 and policy.times[4].seconds[1] != 0.5, \
+        "its own first time replaces the borrowed one"
     policy.at_batch(1)
     policy.observe(8, [7], 0.6)
     assert policy.seconds[8] == 0.6 and 8 not in policy.times[1].borrowed and policy.times[1].timed(8), \
