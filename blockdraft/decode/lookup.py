@@ -93,7 +93,7 @@ class PromptLookup:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.steps = 0  # lookup steps taken (tree steps with a graft among them)
         self.explore_every, self.explore_budget = explore_every, explore_budget
-        self.since_graft = 0  # tree steps since the last graft
+        self.since_graft = 0  # tree steps that declined a graft since the last one
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""

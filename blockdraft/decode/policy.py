@@ -19,8 +19,9 @@ spread over enough widths, a drafted width's t(w) is read off a line fitted thro
 verified positions, which also prices a lookup run grafted onto a tree (lookup.py).
 Step times depend on how many rows a step decodes (a server's batches vary, and a batch shrinks as its rows
 finish): every timing above is kept per batch-size bucket (1, 2, 3-4, 5-8, ...; `at_batch`, told by each
-step), so a width is judged by steps of the size at hand, and a new bucket times its widths afresh. Acceptance
-is shared by all buckets: it depends on the draft and the text, not on the batch.
+step), so a width is judged by steps of the size at hand; a new bucket starts from the nearest timed bucket's
+times, each replaced by its first own measurement. Acceptance is shared by all buckets: it depends on the draft
+and the text, not on the batch.
 With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it
 re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again; every
 `explore_close` steps while the runner-up is expected within `close` (10 %) of the best. Near a tie a

@@ -107,8 +107,8 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
 
 def graft_runs(state: DecodeState, lookup: PromptLookup, policy, width: int):
     """The rows' lookup runs (proposals [B, W-1], lengths [B]; None without a match) and how many of their tokens
-    to graft onto a tree of `width` nodes. The runs are looked up only where a run of the longest length could
-    pay (a lookup over every row's context costs a few percent of a batched plain step)."""
+    to graft onto a tree of `width` nodes. The runs are looked up only where some graft would pay if every row
+    had a full-length run (a lookup over every row's context costs a few percent of a batched plain step)."""
     rows = state.lengths.shape[0]
     if lookup.graft_length(policy, width, lookup.width - 1, rows=rows) == 0:
         lookup.observe_graft(0, [])
