@@ -73,3 +73,12 @@ class KVCache:
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
         self.lengths = self.lengths[rows]
+
+    def add_rows(self, other: "KVCache") -> None:
+        """Append the rows of `other` (same layers, heads, capacity and dtype) after this cache's rows."""
+        if other.capacity != self.capacity or len(other.keys) != len(self.keys):
+            raise ValueError(f"cannot join a cache of {len(other.keys)} layers x {other.capacity} slots to one of "
+                             f"{len(self.keys)} x {self.capacity}")
+        self.keys = [torch.cat([a, b]) for a, b in zip(self.keys, other.keys)]
+        self.values = [torch.cat([a, b]) for a, b in zip(self.values, other.values)]
+        self.lengths = torch.cat([self.lengths, other.lengths])

@@ -51,21 +51,35 @@ class Drafter:
         return tuple(self.config.target_layer_ids)
 
     def start(self, batch: int, capacity: int, prompts: list[list[int]] | None = None) -> None:
-        cfg = self.config
-        self.cache = KVCache(
-            cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
-            self.target.dtype, self.target.device,
-        )
+        self.cache = self._new_cache(batch, capacity)
         if self.vocab is not None:
             ids = self.vocab.to(self.target.device)
-            extra = prompt_only_ids(ids, prompts) if prompts else ids[:0]  # [E]: the prompts' ids it lacks
-            self.active_ids = torch.cat([ids, extra])  # [N'] = [N + E]
+            self.active_ids = ids  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
             self.head = self.target.row_head(ids)  # built once per vocabulary
             self.extra_head = None
-            if extra.numel():  # a few rows a request: gathered, not packed
-                head = self.target.lm_head
-                bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
-                self.extra_head = head_linear(head.weight.detach()[extra], bias, pack=False)
+            self._add_prompt_ids(prompts or [])
+
+    def add_rows(self, prompts: list[list[int]]) -> None:
+        """Rows joining a running decode (their context comes as pending features, like any prompt's)."""
+        self.cache.add_rows(self._new_cache(len(prompts), self.cache.capacity))
+        if self.vocab is not None:
+            self._add_prompt_ids(prompts)
+
+    def _new_cache(self, batch: int, capacity: int) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
+                       self.target.dtype, self.target.device)
+
+    def _add_prompt_ids(self, prompts: list[list[int]]) -> None:
+        """Let the draft propose the prompts' ids that the vocabulary lacks (a few rows: gathered, not packed)."""
+        extra = prompt_only_ids(self.active_ids, prompts) if prompts else self.active_ids[:0]  # [E'] new ones
+        if not extra.numel():
+            return
+        self.active_ids = torch.cat([self.active_ids, extra])
+        extra = self.active_ids[self.vocab.numel():]  # every extra id of the request, in active_ids' order
+        head = self.target.lm_head
+        bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
+        self.extra_head = head_linear(head.weight.detach()[extra], bias, pack=False)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)

@@ -86,12 +86,16 @@ def stream(
     lookup: bool | PromptLookup = False,
     tree: bool = False,
     drop: Callable[[], Iterable[int]] | None = None,
+    admit: Callable[[int], list[Admission]] | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
 
     `max_new_tokens` is one budget, or a list with one per prompt. `drop`, when given, is asked after every
     step which rows (prompt indices) the caller no longer wants; they end at once, without a further event,
-    and stop costing compute.
+    and stop costing compute. `admit`, when given, is asked after every step for rows to join the decode
+    (continuous batching): called with the most positions (prompt plus budget) a joining row may take, it
+    returns Admissions, which become rows len(prompts), len(prompts) + 1, ... in order. A joining row is
+    prefilled on its own and then decodes with the others; its output is what it would be alone.
 
     `stats`, when given, receives one AcceptanceStats per prompt (filled in place). `adaptive` lets each
     step verify the number of proposals that currently pays best, down to none (policy.py): the output is
@@ -132,9 +136,49 @@ def stream(
             state.target_cache.keep_rows(live)
             if drafter is not None:
                 drafter.keep_rows(live)
+        joining = admit(capacity - ahead) if admit is not None else []
+        if joining:  # their first tokens are streamed next; a joining row may finish at its first token
+            events = join(state, target, drafter, selector, stats, joining, capacity, capacity - ahead,
+                          stop_token_ids)
+            continue
         if not state.batch:
             return
         events = step(state, target, drafter, selector, stats, policy, finder, tree)
+
+
+@dataclass
+class Admission:
+    """A row joining a running decode: its prompt ids, its budget, and its sampling seed (None: greedy, or
+    random)."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    seed: int | None = None
+
+
+def join(state: DecodeState, target: Target, drafter, selector: Selector, stats, joining: list[Admission],
+         capacity: int, room: int, stop_token_ids) -> list[tuple[int, list[int]]]:
+    """Prefill the joining rows on their own cache (of the decode's `capacity`) and append them to the decode;
+    returns their first tokens' events. Each must fit `room` positions, prompt and budget together."""
+    prompts = [list(a.prompt) for a in joining]
+    budgets = [a.max_new_tokens for a in joining]
+    for prompt, budget in zip(prompts, budgets):
+        if not prompt or budget < 1 or len(prompt) + budget > room:
+            raise InputError(f"a joining row needs a non-empty prompt and at least one new token within {room} "
+                             f"positions (got a prompt of {len(prompt)} and a budget of {budget}); admit only "
+                             "rows that fit the room `admit` is given")
+    K = drafter.block_size if drafter is not None else 1
+    check_request(target, prompts, budgets, K, drafter.trained_block_size if drafter else None)
+    new = DecodeState(prompts, capacity, budgets, stop_token_ids, target.device, first_row=len(state.results))
+    new.target_cache = target.new_cache(len(prompts), capacity)
+    selector.add_rows([a.seed for a in joining])
+    if stats is not None:
+        stats += [AcceptanceStats(K) for _ in joining]
+    events = prefill(new, target, drafter, selector, stats)
+    state.add_rows(new)
+    if drafter is not None:
+        drafter.add_rows(prompts)
+    return events
 
 
 def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None,

@@ -40,6 +40,12 @@ class Selector:
             seeds = seeds if seeds is not None else [(base + row) % 2**64 for row in range(num_rows)]
             self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
+    def add_rows(self, seeds: list[int | None]) -> None:
+        """Generators for rows joining a running decode (seed None: random); nothing to add when greedy."""
+        if not self.params.greedy:
+            self.generators += [torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed % 2**64)
+                                for seed in seeds]
+
     def _rows(self, row_ids: torch.Tensor) -> list[torch.Generator]:
         rows = row_ids.tolist()
         if rows and max(rows) >= len(self.generators):

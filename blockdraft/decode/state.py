@@ -24,20 +24,23 @@ class RowResult:
 
 class DecodeState:
     def __init__(self, prompts: list[list[int]], capacity: int, max_new_tokens: int | list[int], stop_ids,
-                 device) -> None:
+                 device, first_row: int = 0) -> None:
+        """`first_row`: the caller's index of the first prompt (rows joining a running decode, `add_rows`)."""
         B = len(prompts)
         self.tokens = torch.zeros(B, capacity, dtype=torch.long, device=device)  # [B, capacity]
         for b, ids in enumerate(prompts):
             self.tokens[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         self.prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)  # [B]
         self.lengths = self.prompt_lengths.clone()  # [B] committed tokens, anchor included
-        self.row_ids = torch.arange(B, device=device)  # [B] caller's index of each live row
+        self.row_ids = torch.arange(first_row, first_row + B, device=device)  # [B] caller's index of each live row
         # Budget of each row (caller's order): one for all, or one per prompt.
-        self.budgets = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        budgets = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        self.budgets = [0] * first_row + budgets
         self.stop_ids = frozenset(stop_ids)
-        self.results = [RowResult() for _ in range(B)]
+        self.results = [RowResult() for _ in range(first_row + B)]
         self.pending: torch.Tensor | None = None  # [B, P, L*D] tapped features not yet in the draft cache
         self.pending_counts: torch.Tensor | None = None  # [B] real entries of `pending` per row
+        self.target_cache = None  # the target's KVCache for these rows, set by the decode loop
 
     @property
     def batch(self) -> int:
@@ -99,3 +102,31 @@ class DecodeState:
         if self.pending is not None:
             self.pending = self.pending[rows]
         self.pending_counts = self.pending_counts[rows]
+
+    def add_rows(self, other: "DecodeState") -> None:
+        """Append the live rows of `other`, a state built with first_row = len(self.results) and prefilled on its
+        own cache, after this state's rows: tokens, lengths, results, pending features and the target cache."""
+        first = len(self.results)
+        if other.row_ids.numel() and int(other.row_ids[0]) != first:
+            raise ValueError(f"joining rows must start at caller index {first}, got {int(other.row_ids[0])}")
+        self.tokens = torch.cat([self.tokens, other.tokens])
+        self.prompt_lengths = torch.cat([self.prompt_lengths, other.prompt_lengths])
+        self.lengths = torch.cat([self.lengths, other.lengths])
+        self.row_ids = torch.cat([self.row_ids, other.row_ids])
+        self.budgets += other.budgets[first:]
+        self.results += other.results[first:]
+        self.pending, self.pending_counts = stack_pending(self.pending, self.pending_counts, other.pending,
+                                                         other.pending_counts)
+        self.target_cache.add_rows(other.target_cache)
+
+
+def stack_pending(a: torch.Tensor | None, a_counts: torch.Tensor, b: torch.Tensor | None, b_counts: torch.Tensor):
+    """Rows of pending features a [A, P, F] then b [B, Q, F], padded to the longer -> ([A+B, max(P, Q), F], counts)."""
+    counts = torch.cat([a_counts, b_counts])
+    if a is None or b is None:  # a drafter that taps no features (a test double): only counts to keep
+        return None, counts
+    width = max(a.shape[1], b.shape[1])
+    pad = [x if x.shape[1] == width else torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], x.shape[2])], 1)
+           for x in (a, b.to(a.dtype))]
+    return torch.cat(pad), counts
+

@@ -1,0 +1,114 @@
+"""Rows joining a running decode (continuous batching): each joining row's output is what it is alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blockdraft.decode.generate import Admission, generate, stream
+from blockdraft.decode.lookup import PromptLookup
+from blockdraft.decode.policy import make_policy
+from blockdraft.decode.selection import Selector
+from blockdraft.errors import InputError
+from blockdraft.sampling import SamplingParams
+
+from conftest import tiny_draft, tiny_target
+
+FIRST = [[1, 5, 9, 13, 17], [3, 4]]
+LATER = [[7, 8, 9, 10, 11, 12, 13, 14, 15], [2, 6], [5, 5, 5, 9]]
+
+
+def run_with_admissions(target, draft, budgets_first, later, *, after: int, selector=None, **kwargs):
+    """Decode FIRST, admitting one row of `later` [(prompt, budget, seed)] every `after` events; tokens per row."""
+    queue, seen, rooms = list(later), [0], []
+    got: dict[int, list[int]] = {}
+
+    def admit(room: int) -> list[Admission]:
+        rooms.append(room)
+        if queue and seen[0] >= after:
+            seen[0] = 0
+            prompt, budget, seed = queue.pop(0)
+            return [Admission(prompt, budget, seed)]
+        return []
+
+    for event in stream(target, draft, FIRST, max_new_tokens=budgets_first, stop_token_ids=[], admit=admit,
+                        selector=selector, **kwargs):
+        got.setdefault(event.row, []).extend(event.tokens)
+        seen[0] += 1
+    assert not queue, "every later row must have been admitted"
+    return got, rooms
+
+
+@pytest.mark.parametrize("mode", ["alone", "chain", "adaptive-tree-lookup"])
+def test_joining_rows_decode_as_they_would_alone(mode):
+    target = tiny_target("llama")
+    draft = None if mode == "alone" else tiny_draft(target, block_size=4)
+    kwargs = {} if mode != "adaptive-tree-lookup" else dict(adaptive=make_policy(4, True, tree=True),
+                                                            lookup=PromptLookup(4), tree=True)
+    later = [(p, b, None) for p, b in zip(LATER, [12, 20, 7])]
+    got, rooms = run_with_admissions(target, draft, [30, 10], later, after=3, block_size=4 if draft else None,
+                                     **kwargs)
+    assert set(got) == {0, 1, 2, 3, 4} and min(rooms) >= 30 + 5
+    for row, (prompt, budget) in enumerate(zip(FIRST + LATER, [30, 10, 12, 20, 7])):
+        alone = generate(target, None, [prompt], max_new_tokens=budget, stop_token_ids=[])[0]
+        assert got[row] == alone.tokens, f"row {row} ({mode}) differs from the target alone"
+
+
+def test_a_joining_sampled_row_draws_what_it_draws_alone():
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    params = SamplingParams(temperature=0.9, seed=0)
+    later = [(LATER[0], 16, 1234)]
+    selector = Selector(params, seeds=[11, 12])
+    got, _ = run_with_admissions(target, draft, [24, 8], later, after=4, selector=selector, block_size=4)
+    alone = generate(target, draft, [LATER[0]], max_new_tokens=16, stop_token_ids=[], block_size=4,
+                     selector=Selector(params, seeds=[1234]))[0]
+    # The draft's q enters every acceptance test, so this also checks that the joining row's prompt features
+    # reached the draft's context (greedy output is exact whatever the draft sees).
+    assert got[2] == alone.tokens, "a seeded row must draw the same tokens when it joins a running batch"
+
+
+def test_rows_can_join_after_every_row_has_finished():
+    target = tiny_target("llama")
+    later = [(LATER[1], 5, None)]
+    got, _ = run_with_admissions(target, None, [2, 2], later, after=4)
+    assert got[2] == generate(target, None, [LATER[1]], max_new_tokens=5, stop_token_ids=[])[0].tokens
+
+
+def test_a_row_that_does_not_fit_is_refused():
+    target = tiny_target("llama")
+
+    def admit(room):
+        return [Admission([1] * room, 1)]
+
+    with pytest.raises(InputError, match="within"):
+        list(stream(target, None, [[1, 2]], max_new_tokens=3, admit=admit))
+
+
+def test_stats_grow_with_the_joining_rows():
+    from blockdraft.metrics import AcceptanceStats
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    stats = [AcceptanceStats(4), AcceptanceStats(4)]
+    queue = [Admission(LATER[1], 6)]
+    list(stream(target, draft, FIRST, max_new_tokens=8, block_size=4, stats=stats,
+                admit=lambda room: [queue.pop()] if queue else []))
+    assert len(stats) == 3 and stats[2].steps > 0 and sum(stats[2].histogram) == stats[2].steps
+
+
+
+def test_a_joining_prompts_ids_join_the_proposal_vocabulary():
+    from blockdraft.decode.drafter import Drafter
+
+    target = tiny_target("llama")
+    drafter = Drafter(tiny_draft(target, block_size=4), target, vocab=torch.arange(0, 40))
+    drafter.start(1, 64, [[1, 2, 50]])
+    assert drafter.active_ids[40:].tolist() == [50]
+    drafter.add_rows([[3, 60, 50, 70]])
+    assert drafter.active_ids[40:].tolist() == [50, 60, 70] and drafter.cache.keys[0].shape[0] == 2
+    logits, ids = drafter._logits(torch.tensor([1, 3]), torch.tensor([0, 0]), 2)
+    assert logits.shape[-1] == ids.numel() == 43
+    rows = torch.randn(3, target.config.hidden_size)
+    assert torch.allclose(drafter.extra_head(rows).float(), target.logits(rows)[:, [50, 60, 70]], atol=1e-5), \
+        "the extra head scores exactly the extra ids, in active_ids' order"
