@@ -202,14 +202,43 @@ def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]
     return choices, sizes
 
 
-def test_concurrent_greedy_requests_each_match_alone(client, monkeypatch):
-    """Eight requests queued behind a running batch decode as one batch; each gets what it gets alone."""
+@pytest.mark.parametrize("join", [True, False], ids=["joining-the-running-batch", "next-batch"])
+def test_concurrent_greedy_requests_each_match_alone(client, monkeypatch, join):
+    """Eight requests queued behind a running batch join it as rows free up (or, with no room kept for joining,
+    decode as the next batch); each gets what it gets alone."""
     bodies = [text_body(f"Prompt number {i} " + "ab" * i, max_tokens=6 + i) for i in range(8)]
     alone = [client.post(TEXT, json=b).json()["choices"][0] for b in bodies]
+    if not join:
+        monkeypatch.setattr(worker_module, "JOIN_ROOM", 0)  # the running batch's caches fit only its own row
     batched, sizes = batched_together(client, monkeypatch, bodies)
-    assert sizes == [1, 8], f"the eight queued requests should form one batch, got batch sizes {sizes}"
+    expected = [1] if join else [1, 8]
+    assert sizes == expected, f"expected decode calls of {expected} prompts, got {sizes}"
     for i, (one, many) in enumerate(zip(alone, batched)):
         assert many == one, f"request {i} changed when batched with others: {many} vs {one}"
+
+
+def queued_worker(model, requests) -> Worker:
+    """A worker that is not started (batches and joins are taken by hand) with `requests` queued in order:
+    (id, prompt, max_tokens, sampling)."""
+    worker = Worker(*model, max_batch=8)
+
+    async def queue() -> None:
+        for request in requests:
+            worker.submit(*request)
+
+    asyncio.run(queue())
+    return worker
+
+
+def test_joining_keeps_arrival_order_and_never_overtakes(model):
+    hot = SamplingParams(temperature=0.7)
+    worker = queued_worker(model, [("a", [5] * 10, 20, SamplingParams()),
+                                   ("b", [5] * 10, 500, SamplingParams()),  # over the room: stops the joining
+                                   ("c", [5] * 10, 20, SamplingParams())])
+    assert [job.request_id for job in worker._take_joining(SamplingParams(), 100, 8)] == ["a"]
+    assert [job.request_id for job in worker._pending] == ["b", "c"]
+    assert worker._take_joining(SamplingParams(), 1000, 1)[0].request_id == "b", "at most `free` rows join"
+    assert worker._take_joining(hot, 1000, 8) == [], "another group never joins"
 
 
 def test_seeded_sampled_requests_match_alone_when_batched(client, monkeypatch):
@@ -222,19 +251,15 @@ def test_seeded_sampled_requests_match_alone_when_batched(client, monkeypatch):
 
 
 def test_batches_group_equal_sampling_that_fits_the_context(model):
-    target, draft = model
-    worker = Worker(target, draft, max_batch=8)  # not started: batches are taken by hand
     hot = SamplingParams(temperature=0.7)
-
-    async def queue() -> None:
-        worker.submit("a", [5] * 10, 200, SamplingParams())
-        worker.submit("b", [5] * 10, 20, replace(hot, seed=1))
-        worker.submit("c", [5] * 10, 20, SamplingParams(top_p=0.5))  # greedy ignores top_p: a's group
-        worker.submit("d", [5] * 10, 20, replace(hot, seed=2))  # seeds differ, parameters equal: b's group
-        worker.submit("e", [5] * 400, 20, SamplingParams())  # 400 + a's 200 > 512 positions: waits
-        worker.submit("f", [5] * 10, 20, replace(hot, top_k=5))
-
-    asyncio.run(queue())
+    worker = queued_worker(model, [
+        ("a", [5] * 10, 200, SamplingParams()),
+        ("b", [5] * 10, 20, replace(hot, seed=1)),
+        ("c", [5] * 10, 20, SamplingParams(top_p=0.5)),  # greedy ignores top_p: a's group
+        ("d", [5] * 10, 20, replace(hot, seed=2)),  # seeds differ, parameters equal: b's group
+        ("e", [5] * 400, 20, SamplingParams()),  # 400 + a's 200 > 512 positions: waits
+        ("f", [5] * 10, 20, replace(hot, top_k=5)),
+    ])
     batches = [[job.request_id for job in worker._take_batch()] for _ in range(4)]
     assert batches == [["a", "c"], ["b", "d"], ["e"], ["f"]]
 

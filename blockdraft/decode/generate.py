@@ -87,6 +87,7 @@ def stream(
     tree: bool = False,
     drop: Callable[[], Iterable[int]] | None = None,
     admit: Callable[[int], list[Admission]] | None = None,
+    room: int | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
 
@@ -95,7 +96,9 @@ def stream(
     and stop costing compute. `admit`, when given, is asked after every step for rows to join the decode
     (continuous batching): called with the most positions (prompt plus budget) a joining row may take, it
     returns Admissions, which become rows len(prompts), len(prompts) + 1, ... in order. A joining row is
-    prefilled on its own and then decodes with the others; its output is what it would be alone.
+    prefilled on its own and then decodes with the others; its output is what it would be alone. `room` sizes
+    the caches for joining rows of up to that many positions (default: what the prompts themselves need; at
+    most the target's context).
 
     `stats`, when given, receives one AcceptanceStats per prompt (filled in place). `adaptive` lets each
     step verify the number of proposals that currently pays best, down to none (policy.py): the output is
@@ -118,7 +121,8 @@ def stream(
     # a lookup run grafted onto them).
     looked = finder.width if finder is not None else 0
     ahead = max(K, looked, 2 * K + looked if tree else 0)
-    capacity = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts))) + ahead
+    need = max(len(p) for p in prompts) + max(_as_list(max_new_tokens, len(prompts)))
+    capacity = max(need, min(room or 0, target.max_positions)) + ahead
     state = DecodeState(prompts, capacity, max_new_tokens, stop_token_ids, target.device)
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:

@@ -1,13 +1,15 @@
 """The one thread that owns the model: it takes queued requests, decodes them as one batch, sends tokens back.
 
 Batching. The worker waits for a request, then takes every queued request that can share its batch, up to
-`max_batch`, and decodes them with one `stream(...)` call. Requests that arrive while a batch runs wait for the
-next batch: `stream` takes no new rows mid-decode. Requests share a batch when
+`max_batch`, and decodes them with one `stream(...)` call. Requests share a batch when
 - their sampling parameters are equal, seed aside: one `Selector` (one SamplingParams) serves the whole batch,
   and each row gets its own seed, so a seeded request draws the same numbers alone or batched;
 - the batch fits the context: the longest prompt plus the largest `max_tokens` must fit `target.max_positions`
   (the caches are sized for it). Each row decodes its own `max_tokens` and then leaves the batch.
-Requests that cannot join stay queued in arrival order; the oldest one always leads the next batch.
+Requests that arrive while a batch runs join it as its rows finish (continuous batching: `stream(admit=)`), in
+arrival order, while the oldest queued request is one that can join: same sampling parameters, a free row, and
+prompt plus `max_tokens` within the batch's room (its own need, at least JOIN_ROOM positions, at most the
+context). A request that cannot join stops the joining, so it is never overtaken: it leads the next batch.
 
 Cancelling. A client that disconnects, or a row that reached a stop string, cancels its own row: the worker
 sends it nothing more, and `stream` drops the row after the step in progress, so it stops costing compute.
@@ -27,7 +29,7 @@ from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, replace
 
-from ..decode.generate import as_drafter, stream
+from ..decode.generate import Admission, as_drafter, stream
 from ..decode.lookup import PromptLookup
 from ..decode.policy import make_policy
 from ..decode.selection import Selector
@@ -36,6 +38,8 @@ from ..sampling import SamplingParams
 from .prometheus import ServerMetrics
 
 log = logging.getLogger("blockdraft.server")
+
+JOIN_ROOM = 1024  # positions (prompt plus max_tokens) a batch's caches keep for requests joining it, at least
 
 
 @dataclass
@@ -178,6 +182,20 @@ class Worker:
                     longest, budget = max(longest, len(job.prompt)), max(budget, job.max_tokens)
             return batch
 
+    def _take_joining(self, group: SamplingParams, room: int, free: int) -> list[Job]:
+        """Queued requests that join the running batch now: in arrival order, up to `free`, stopping at the first
+        one that cannot join (another group, or over `room` positions), which then leads the next batch."""
+        joining = []
+        with self._ready:
+            while self._pending and len(joining) < free and not self._stopping:
+                job = self._pending[0]
+                if not job.cancelled and (job.group != group or len(job.prompt) + job.max_tokens > room):
+                    break
+                self._pending.popleft()
+                if not job.cancelled:  # a client that left before its decode started is dropped here
+                    joining.append(job)
+        return joining
+
     def _run(self, batch: list[Job]) -> None:
         stats = [AcceptanceStats(self.block_size) for _ in batch]
         try:
@@ -195,13 +213,21 @@ class Worker:
     def _decode(self, batch: list[Job], stats: list[AcceptanceStats]) -> None:
         group = batch[0].group
         selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch])
+
+        def admit(room: int) -> list[Admission]:  # queued requests joining as rows free up; `batch` grows
+            live = sum(not (job.done or job.cancelled) for job in batch)
+            joining = self._take_joining(group, room, self.max_batch - live)
+            batch.extend(joining)
+            return [Admission(job.prompt, job.max_tokens, job.seed) for job in joining]
+
         # Each row has its own budget, and a row whose client went away stops costing compute at once.
         events = stream(self.target, self.drafter, [job.prompt for job in batch],
                         max_new_tokens=[job.max_tokens for job in batch], selector=selector, stats=stats,
                         adaptive=self.policy if self.policy is not None and group.greedy else False,
                         lookup=self.lookup if self.lookup is not None and group.greedy else False,
                         tree=self.policy is not None and group.greedy,
-                        drop=lambda: [i for i, job in enumerate(batch) if job.cancelled])
+                        drop=lambda: [i for i, job in enumerate(batch) if job.cancelled],
+                        admit=admit, room=JOIN_ROOM)
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:
                 batch[event.row].deliver(event.tokens, event.finish_reason)
