@@ -68,11 +68,16 @@ def test_a_joining_sampled_row_draws_what_it_draws_alone():
     assert got[2] == alone.tokens, "a seeded row must draw the same tokens when it joins a running batch"
 
 
-def test_rows_can_join_after_every_row_has_finished():
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_rows_can_join_after_every_row_has_finished(with_draft):
     target = tiny_target("llama")
-    later = [(LATER[1], 5, None)]
-    got, _ = run_with_admissions(target, None, [2, 2], later, after=4)
-    assert got[2] == generate(target, None, [LATER[1]], max_new_tokens=5, stop_token_ids=[])[0].tokens
+    draft = tiny_draft(target, block_size=4) if with_draft else None
+    kwargs = dict(block_size=4, adaptive=make_policy(4, True, tree=True), lookup=PromptLookup(4),
+                  tree=True) if with_draft else {}
+    later = [(LATER[0], 20, None)]  # over the first rows' own need: it fits the room kept for joining rows
+    got, rooms = run_with_admissions(target, draft, [2, 2], later, after=4, room=64, **kwargs)
+    assert got[2] == generate(target, None, [LATER[0]], max_new_tokens=20, stop_token_ids=[])[0].tokens
+    assert rooms[0] == 64, "the caches keep the room asked for"
 
 
 def test_a_row_that_does_not_fit_is_refused():

@@ -95,8 +95,9 @@ def stream(
     step which rows (prompt indices) the caller no longer wants; they end at once, without a further event,
     and stop costing compute. `admit`, when given, is asked after every step for rows to join the decode
     (continuous batching): called with the most positions (prompt plus budget) a joining row may take, it
-    returns Admissions, which become rows len(prompts), len(prompts) + 1, ... in order. A joining row is
-    prefilled on its own and then decodes with the others; its output is what it would be alone. `room` sizes
+    returns Admissions, which become rows len(prompts), len(prompts) + 1, ... in order; once every row has
+    finished it is asked once more, and the stream ends when nothing joins. A joining row is prefilled on its
+    own and then decodes with the others; its output is what it would be alone. `room` sizes
     the caches for joining rows of up to that many positions (default: what the prompts themselves need; at
     most the target's context).
 
