@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .policy import AdaptiveWidth
+from .policy import AdaptiveWidth, budgeted_interval
 
 
 MAX_NGRAM = 16  # how far back a shared suffix ranks occurrences (below: measured gains stopped by 12-16)
@@ -142,7 +142,7 @@ class PromptLookup:
         best = max(lengths, key=lambda m: tokens(m) / step_time(m))
         # Seconds a whole-run graft loses against the best length producing the same expected tokens.
         lost = step_time(whole) - tokens(whole) / tokens(best) * step_time(best)
-        interval = max(self.explore_every, lost / (self.explore_budget * step_time(best)))
+        interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget)
         return whole if self.since_graft >= interval else best
 
     def observe_graft(self, graft: int, accepted: list[int]) -> None:

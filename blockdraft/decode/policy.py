@@ -67,6 +67,13 @@ def candidate_widths(block_size: int) -> list[int]:
     return sorted(widths)
 
 
+def budgeted_interval(interval: float, lost: float, best_seconds: float, budget: float) -> float:
+    """Steps between re-measurements: at least `interval`, and enough that one costing `lost` seconds (against
+    the best choice's expected tokens) takes at most `budget` of the decode time, best steps taking
+    `best_seconds`."""
+    return max(interval, lost / (budget * best_seconds))
+
+
 def batch_bucket(rows: int) -> int:
     """The timing bucket of a step over `rows` rows: the next power of two (1, 2, 4, 8, ...)."""
     return 1 << max(rows - 1, 0).bit_length()
@@ -171,7 +178,7 @@ class AdaptiveWidth:
         # `explore_budget` of the decode time (a wide tree over a batch can cost several plain steps).
         best = ranked[0]
         lost = self.step_seconds(explore) - float(gain[explore - 1] / gain[best - 1]) * self.step_seconds(best)
-        interval = max(interval, lost / (self.explore_budget * self.step_seconds(best)))
+        interval = budgeted_interval(interval, lost, self.step_seconds(best), self.explore_budget)
         if self.steps - self.last_explored >= interval:
             # Re-measure the runner-up, the width most likely to take over: machines drift, batches shrink,
             # and while plain steps win only a drafting step can tell that the draft has started to hit.

@@ -35,16 +35,17 @@ class Selector:
         self.generators: list[torch.Generator] = []
         if not self.params.greedy:
             # Not torch.seed(): it re-seeds torch's global generator, undoing the caller's torch.manual_seed.
-            base = self.params.seed if self.params.seed is not None else secrets.randbits(63)
-            # Row seeds wrap at 2**64 (torch's seed range): seed 2**64 - 1 would otherwise overflow at row 1.
-            seeds = seeds if seeds is not None else [(base + row) % 2**64 for row in range(num_rows)]
-            self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+            self.base = self.params.seed if self.params.seed is not None else secrets.randbits(63)
+            self.add_rows(seeds if seeds is not None else [None] * num_rows)
 
     def add_rows(self, seeds: list[int | None]) -> None:
-        """Generators for rows joining a running decode (seed None: random); nothing to add when greedy."""
+        """Generators for rows after the existing ones (rows joining a running decode too): each its seed, or
+        for None the row's `params.seed + row`; nothing to add when greedy."""
         if not self.params.greedy:
-            self.generators += [torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed % 2**64)
-                                for seed in seeds]
+            first = len(self.generators)
+            # Row seeds wrap at 2**64 (torch's seed range): seed 2**64 - 1 would otherwise overflow at row 1.
+            self.generators += [torch.Generator().manual_seed((self.base + first + i) % 2**64 if seed is None
+                                                              else seed) for i, seed in enumerate(seeds)]
 
     def _rows(self, row_ids: torch.Tensor) -> list[torch.Generator]:
         rows = row_ids.tolist()
