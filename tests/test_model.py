@@ -7,7 +7,7 @@ import math
 import torch
 
 from blockdraft.decode.drafter import Drafter
-from blockdraft.model.layers import apply_rope, grouped_attention, linear_rows, rope_cos_sin
+from blockdraft.model.layers import apply_rope, attention_bias, grouped_attention, linear_rows, rope_cos_sin
 
 from conftest import tiny_draft, tiny_target
 
@@ -52,6 +52,27 @@ def test_grouped_attention_equals_repeated_kv():
     scores = (q @ kr.transpose(-1, -2) / math.sqrt(Dh)).masked_fill(~mask[:, None], float("-inf"))
     expected = torch.softmax(scores, dim=-1) @ vr
     assert torch.allclose(grouped_attention(q, k, v, mask), expected, atol=1e-5)
+
+
+def test_attention_bias_gives_the_boolean_masks_bits():
+    # A forward builds the additive mask once for all its layers: the same bits as SDPA's own conversion of the
+    # boolean mask, in bf16 and float32; an all-true mask is no mask at all (None), again the same bits.
+    torch.manual_seed(4)
+    B, H, Hkv, Q, T, Dh = 3, 6, 2, 4, 11, 8
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(B, n, r, Dh).to(dtype) for n, r in ((H, Q), (Hkv, T), (Hkv, T)))
+        mask = torch.rand(B, Q, T) < 0.6
+        mask[..., 0] = True
+        folded = q.reshape(B, Hkv, 3 * Q, Dh)
+        boolean = mask[:, None, None].expand(B, 1, 3, Q, T).reshape(B, 1, 3 * Q, T)
+        expected = torch.nn.functional.scaled_dot_product_attention(folded, k, v, attn_mask=boolean)
+        assert torch.equal(grouped_attention(q, k, v, mask), expected.reshape(B, H, Q, Dh))
+        bias = attention_bias(mask, 3, dtype)
+        assert bias.dtype == dtype and bias.shape == (B, 1, 3 * Q, T)
+        full = torch.ones(B, Q, T, dtype=torch.bool)
+        assert attention_bias(full, 3, dtype) is None
+        everything = torch.nn.functional.scaled_dot_product_attention(folded, k, v, attn_mask=torch.ones_like(boolean))
+        assert torch.equal(grouped_attention(q, k, v, full), everything.reshape(B, H, Q, Dh))
 
 
 def test_kv_injection_equals_explicit_concatenation():

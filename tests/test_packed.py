@@ -58,9 +58,30 @@ def test_packed_target_equals_unpacked_target():
     ids = torch.randint(3, VOCAB - 1, (2, 7))
     positions = torch.arange(7).expand(2, 7)
     rows = torch.arange(7).expand(2, 7)
-    outs = [t.forward(ids, positions, t.new_cache(2, 16), (0, 2), logit_rows=rows) for t in (packed, unpacked)]
+    for mode in (torch.no_grad, torch.enable_grad):  # the unchecked products (decoding), and the checked calls
+        with mode():
+            outs = [t.forward(ids, positions, t.new_cache(2, 16), (0, 2), logit_rows=rows) for t in (packed, unpacked)]
+        assert torch.equal(outs[0].logits, outs[1].logits)
+        assert torch.equal(outs[0].features, outs[1].features)
+
+
+@needs_packing
+def test_a_packed_target_sees_weights_changed_between_forwards():
+    # The packed target checks its packed copies once per forward: a weight changed in place since the last
+    # forward must be packed again before this one runs, not read stale.
+    plain = tiny_target("llama", layers=2)
+    plain.model.bfloat16()
+    packed = Target(plain.model, pack_weights=True)
+    unpacked = Target(plain.model, pack_weights=False)
+    ids = torch.randint(3, VOCAB - 1, (1, 5))
+    positions = torch.arange(5)[None]
+    rows = torch.arange(5)[None]
+    with torch.no_grad():  # as decoding runs: no gradient, so the unchecked products serve the forward
+        packed.forward(ids, positions, packed.new_cache(1, 8), logit_rows=rows)
+        plain.model.model.layers[1].mlp.down_proj.weight.mul_(-3.0)  # as a loaded state dict would change it
+        plain.model.model.layers[0].self_attn.k_proj.weight.mul_(0.5)
+        outs = [t.forward(ids, positions, t.new_cache(1, 8), logit_rows=rows) for t in (packed, unpacked)]
     assert torch.equal(outs[0].logits, outs[1].logits)
-    assert torch.equal(outs[0].features, outs[1].features)
 
 
 def test_float32_target_is_not_packed_by_default():

@@ -65,13 +65,28 @@ def grouped_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:
     group are folded into the row dimension ([B, Hkv, g*Q, Dh]) instead of K/V being repeated g times.
     Same arithmetic, several times faster on CPU for the few-row queries of decoding.
     """
+    return grouped_sdpa(q, k, v, attention_bias(mask, q.shape[1] // k.shape[1], q.dtype))
+
+
+def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The SDPA mask of `grouped_sdpa` for mask [B, Q, T] bool and g = `groups` query heads per key/value head:
+    [B, 1, g*Q, T] additive (0 where allowed, -inf elsewhere, in `dtype`: what SDPA makes of a boolean mask on
+    every call), or None on CPU when every query sees every key (a one-row decode step; the same bits).
+
+    A forward over many layers builds it once and hands it to each layer's `grouped_sdpa`."""
+    if mask.device.type == "cpu" and bool(mask.all()):  # asked on CPU only: a GPU would sync here
+        return None
+    B, Q, T = mask.shape
+    bias = torch.zeros(B, 1, Q, T, dtype=dtype, device=mask.device).masked_fill_(~mask[:, None], float("-inf"))
+    return bias[:, :, None].expand(B, 1, groups, Q, T).reshape(B, 1, groups * Q, T)  # row i*Q + t: head i, query t
+
+
+def grouped_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
+    """`grouped_attention` over a mask already made into `attention_bias`: q [B, H, Q, Dh] -> [B, H, Q, Dh]."""
     B, H, Q, Dh = q.shape
-    Hkv, T = k.shape[1], k.shape[2]
-    g = H // Hkv
-    folded = q.reshape(B, Hkv, g * Q, Dh)  # heads h = kv*g + i: row i*Q + t of group kv
-    m = mask[:, None, None].expand(B, 1, g, Q, T).reshape(B, 1, g * Q, T)
-    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=m)
-    return out.reshape(B, H, Q, Dh)
+    Hkv = k.shape[1]
+    folded = q.reshape(B, Hkv, (H // Hkv) * Q, Dh)  # heads h = kv*g + i: row i*Q + t of group kv
+    return F.scaled_dot_product_attention(folded, k, v, attn_mask=bias).reshape(B, H, Q, Dh)
 
 
 class SwiGLU(nn.Module):

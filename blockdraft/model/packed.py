@@ -80,17 +80,28 @@ class PackedConcat:
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, _joined(self.weights), None if self.biases is None else _joined(self.biases))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        first = self.weights[0]
-        if x.requires_grad or x.dtype != first.dtype or x.device != first.device:
-            return self._reference(x)
+    def ready(self) -> bool:
+        """Whether the packed copy serves the weights as they are now: packed again first when they changed since
+        (in place, or replaced); False when they can no longer be packed (`F.linear` must take them)."""
         if self._stamp() != self.stamp:
             if not all(packing_supported(w) for w in self.weights):
-                return self._reference(x)
+                return False
             self._pack()
+        return True
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """The packed product, unchecked: x [..., D] must match the weights' dtype and device and need no gradient,
+        and `ready()` must have held since the weights last changed (a forward over many linears checks them all
+        once, target.py, instead of once per call)."""
         flat = x.reshape(-1, x.shape[-1])  # [M, D], contiguous as oneDNN needs
         out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], -1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        first = self.weights[0]
+        if x.requires_grad or x.dtype != first.dtype or x.device != first.device or not self.ready():
+            return self._reference(x)
+        return self.product(x)
 
 
 class PackedLinear(PackedConcat):

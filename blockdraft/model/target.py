@@ -16,8 +16,8 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from .layers import grouped_attention
-from .packed import fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
+from .layers import attention_bias, grouped_sdpa
+from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 
@@ -60,6 +60,11 @@ class Target:
         # Per layer: the seven projections, packed (q/k/v and gate/up stacked into one product each) or the HF
         # modules themselves.
         self.linears = [_layer_linears(layer, self.packed) for layer in self.layers]
+        # The same, with each packed one as its unchecked product: a forward checks every packed copy once
+        # (`_projections`) instead of at each of its ~200 calls, which cost ~5 % of a one-token step here.
+        self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
+        self._products = [{name: f.product if isinstance(f, PackedConcat) else f for name, f in linears.items()}
+                          for linears in self.linears]
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
 
@@ -111,9 +116,18 @@ class Target:
             heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids], pack=self.packed)
         return heads[key]
 
-    def _attention(self, layer, x, cos, sin, cache: KVCache, index: int, slots, mask, start: int | None = None):
-        """One attention block: write this call's K/V at `slots` [B, T], attend over the mask's span."""
-        attn, linear = layer.self_attn, self.linears[index]
+    def _projections(self, x: torch.Tensor) -> list[dict]:
+        """Per layer, the projections a forward from hidden states x runs: the packed products unchecked when x
+        suits them (bf16 on CPU, no gradient; every layer keeps x's dtype) and every packed copy is current, else
+        the checked ones (`PackedConcat.__call__`), which fall back to `F.linear` one by one."""
+        suits = x.dtype == torch.bfloat16 and x.device.type == "cpu" and not x.requires_grad
+        return self._products if suits and all(p.ready() for p in self._packs) else self.linears
+
+    def _attention(self, layer, linear: dict, x, cos, sin, cache: KVCache, index: int, slots, span: int, bias,
+                   start: int | None = None):
+        """One attention block over its projections `linear`: write this call's K/V at `slots` [B, T], attend over
+        slots 0..span-1 as `bias` (layers.attention_bias) allows."""
+        attn = layer.self_attn
         B, T, _ = x.shape
         H, Hkv, Dh = self.heads, self.kv_heads, self.head_dim
         c, s = cos[:, None], sin[:, None]
@@ -133,13 +147,12 @@ class Target:
             q = q * c + _rotate_half(q) * s
             k = k * c + _rotate_half(k) * s
         cache.write(index, k, v, slots, start)
-        keys, values = cache.read(index, mask.shape[-1])
-        out = grouped_attention(q, keys, values, mask)
+        keys, values = cache.read(index, span)
+        out = grouped_sdpa(q, keys, values, bias)
         return linear["o"](out.transpose(1, 2).reshape(B, T, -1))
 
-    def _mlp(self, layer, x, index: int):
-        """The layer's gated MLP, down(act(gate(x)) * up(x)), over its (packed) projections."""
-        linear = self.linears[index]
+    def _mlp(self, layer, linear: dict, x):
+        """The layer's gated MLP, down(act(gate(x)) * up(x)), over its (packed) projections `linear`."""
         if "gate_up" in linear:
             gate, up = linear["gate_up"](x).chunk(2, dim=-1)
             return linear["down"](layer.mlp.act_fn(gate) * up)
@@ -163,15 +176,18 @@ class Target:
         the row's first new slot, and the new tokens its mask allows.
         """
         mask = _attention_mask(positions, slots, block_mask)  # [B, T, span]
+        bias = attention_bias(mask, self.heads // self.kv_heads, self.dtype)  # once for every layer
         slots = positions if slots is None else slots
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = self.rotary(x, positions)  # [B, T, Dh] each
         tapped = {}
         wanted = set(tap_layer_ids)
-        for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, layer.input_layernorm(x), cos, sin, cache, index, slots, mask, start)
-            x = x + self._mlp(layer, layer.post_attention_layernorm(x), index)
+        projections = self._projections(x)
+        for index, (layer, linear) in enumerate(zip(self.layers, projections)):
+            x = x + self._attention(layer, linear, layer.input_layernorm(x), cos, sin, cache, index, slots,
+                                    mask.shape[-1], bias, start)
+            x = x + self._mlp(layer, linear, layer.post_attention_layernorm(x))
             if index in wanted:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
                 # post-norm, which the checkpoint loader refuses unless explicitly allowed (FORMAT.md §3.1).
