@@ -116,7 +116,7 @@ def test_a_confident_draft_gives_its_chain_first():
 
 def test_an_impossible_size_is_refused():
     with pytest.raises(ValueError, match="holds 1..5 nodes"):
-        build_tree(torch.tensor([1]), random_log_q(B=1, n=1), 6)
+        build_tree(torch.tensor([1]), random_log_q(B=1, n=1), 6, top_k=4)
     assert max_nodes(2, 4) == 21
 
 

@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
-TOP_K = 4  # candidates per slot: the draft's top 4 held 0.66 of the target's next tokens at slot 1 (top 1: 0.41)
+# Candidates per slot. Over the target's greedy answers to 8 HumanEval and 8 MT-Bench prompts (128 tokens, every
+# answer position an anchor, the shipped draft), a best-first tree of 16 nodes held 2.5-3 % more accepted tokens
+# per step (bonus counted) with 8 candidates than with 4, 0.9-1.4 % at 8 nodes; 6 gave about half of that gain.
+TOP_K = 8
 
 
 @dataclass
