@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from blockdraft.decode.generate import generate
-from blockdraft.decode.policy import (AdaptiveWidth, FixedWidth, batch_bucket, candidate_widths, expected_tokens,
-                                     make_policy)
+from blockdraft.decode.policy import (AdaptiveWidth, FixedWidth, TreeWidth, batch_bucket, candidate_widths,
+                                     expected_tokens, make_policy, smoothed_time)
 from blockdraft.metrics import AcceptanceStats
 
 from conftest import ScriptedDrafter, tiny_draft, tiny_target
@@ -223,3 +223,26 @@ def test_a_new_batch_size_starts_from_the_nearest_timed_one():
     policy.observe(8, [7], 0.6)
     assert policy.seconds[8] == 0.6 and 8 not in policy.times[1].borrowed and policy.times[1].timed(8), \
         "a re-measured width is judged by its own time at once, without being timed a second time first"
+
+
+def test_step_times_shrug_off_spikes_and_follow_lasting_changes():
+    assert smoothed_time(None, 0, 0.030, 0.3) == 0.030
+    assert smoothed_time(0.030, 1, 0.010, 0.3) == 0.010, "a first step's one-off cost is dropped"
+    assert smoothed_time(0.010, 1, 0.030, 0.3) == 0.010, "a spike on the second step is not taken instead"
+    assert smoothed_time(0.010, 5, 0.100, 0.3) == pytest.approx(0.0115), "one slow step moves it by 15 % at most"
+    assert smoothed_time(0.030, 5, 0.010, 0.3) == pytest.approx(0.018), "a faster step weighs double"
+    estimate = 0.010
+    for count in range(2, 22):  # the machine stays twice as slow: followed within a few steps
+        estimate = smoothed_time(estimate, count, 0.020, 0.3)
+    assert estimate == pytest.approx(0.020, rel=0.01)
+
+
+@pytest.mark.parametrize("policy_class", [AdaptiveWidth, TreeWidth])
+def test_a_slow_early_plain_step_is_re_measured_while_drafting_wins(policy_class):
+    # The first two plain steps ran 3x slow (a cold start): judged by them, a draft that accepts little looks
+    # better than plain steps, which no drafted step re-times. Re-measuring plain steps now and then corrects it.
+    plain = iter([3.0, 3.0])
+    chosen = simulate(policy_class(8), 600, lambda i: 0.1, lambda w: next(plain, 1.0) if w == 1 else cpu_like_cost(w))
+    assert chosen[300:].count(1) / 300 > 0.8, "plain steps win once their real time is known"
+    fast = simulate(policy_class(8), 600, lambda i: 0.95, cpu_like_cost)[100:]
+    assert 0 < fast.count(1) <= 0.02 * len(fast), "while drafting wins a plain step is re-measured, rarely"

@@ -13,8 +13,9 @@ width. Only speed depends on the choice.
 with drafting (w > 1) required to win by a small margin (2 %), so that timing noise does not buy slow steps.
 
 alpha_i are decayed counts pooled over rows (a Beta prior centred on the previous slot's estimate keeps
-rarely reached slots from looking good by default). t(w) is an exponential average of measured step times;
-every width is timed twice before the first choice, and once the drafted steps (token trees report theirs)
+rarely reached slots from looking good by default). t(w) is an exponential average of measured step times,
+robust to brief spikes (`smoothed_time`); every width is timed twice before the first choice (the lower of the
+two counts), and once the drafted steps (token trees report theirs)
 spread over enough widths, a drafted width's t(w) is read off a line fitted through all of them against their
 verified positions, which also prices a lookup run grafted onto a tree (lookup.py).
 Step times depend on how many rows a step decodes (a server's batches vary, and a batch shrinks as its rows
@@ -26,7 +27,9 @@ With a weak draft (or text it cannot predict) this settles on w = 1, the target'
 re-measures the runner-up width every `explore_every` steps so it notices when drafting pays again; every
 `explore_close` steps while the runner-up is expected within `close` (10 %) of the best. Near a tie a
 re-measurement costs little (at most that 10 % of one step) and decides the most: a draft near break-even
-must not stay switched off for a whole answer because its last estimate fell just short. Either interval is
+must not stay switched off for a whole answer because its last estimate fell just short. While drafting wins,
+every third re-measurement is a plain step: t(1) is the yardstick of every choice, and no drafted step re-times
+it. Either interval is
 stretched where a re-measurement would cost more than `explore_budget` (2 %) of the decode time: a wide tree over
 a batch of rows can cost several plain steps.
 
@@ -72,6 +75,28 @@ def budgeted_interval(interval: float, lost: float, best_seconds: float, budget:
     the best choice's expected tokens) takes at most `budget` of the decode time, best steps taking
     `best_seconds`."""
     return max(interval, lost / (budget * best_seconds))
+
+
+SPIKE = 1.5  # a step timed above this multiple of its width's estimate counts as this multiple (see smoothed_time)
+
+
+def smoothed_time(estimate: float | None, count: int, seconds: float, smoothing: float) -> float:
+    """A width's step-time estimate after its (count+1)-th measurement `seconds`.
+
+    The first two measurements keep the lower: a first step of a shape may pay one-off costs, and a second may
+    be hit by a spike (an interrupt, another process) as well. After that an exponential average: timing noise
+    is mostly upward and brief, so a measurement enters it at most SPIKE times the estimate (one slow step must
+    not turn a width's estimate for many steps; a lasting slowdown still moves it by up to (SPIKE - 1) *
+    smoothing a step), and a faster one than the estimate, which noise rarely makes, with twice the weight (an
+    estimate taken in a slow spell, re-measured only now and then, must not need many re-measurements to heal)."""
+    if count == 0 or estimate is None:
+        return seconds
+    if count == 1:
+        return min(estimate, seconds)
+    if seconds < estimate:
+        weight = min(1.0, 2 * smoothing)
+        return (1 - weight) * estimate + weight * seconds
+    return (1 - smoothing) * estimate + smoothing * min(seconds, SPIKE * estimate)
 
 
 def batch_bucket(rows: int) -> int:
@@ -188,7 +213,12 @@ class AdaptiveWidth:
         return best
 
     def _explore(self, ranked: list[int], count: int) -> int:
-        """The width of the count-th re-measurement, from the widths ranked best first."""
+        """The width of the count-th re-measurement, from the widths ranked best first: the runner-up, the width
+        most likely to take over; and every third time, while drafting wins, a plain step, whose time is the
+        yardstick of every choice and which no drafted step re-times (machines drift; a slow early plain step
+        would otherwise make drafting look good for the whole run)."""
+        if count % 3 == 0 and 1 not in ranked[:2]:
+            return 1
         return ranked[1]
 
     def best_rate(self) -> float | None:
@@ -228,6 +258,9 @@ class AdaptiveWidth:
         before every width has been timed twice are left out (a first step of a shape may pay one-off costs)."""
         if not all(self.times[self.bucket].timed(w) for w in self.widths):
             return
+        line = self._cost_line()
+        if line is not None:  # a spike enters the fit at most SPIKE times the line's own time (see smoothed_time)
+            seconds = min(seconds, SPIKE * (line[0] + line[1] * positions))
         d = self.decay
         self.cost_fit = [d * x + y for x, y in zip(self.cost_fit, (1.0, positions, seconds, positions**2,
                                                                       positions * seconds))]
@@ -255,15 +288,14 @@ class AdaptiveWidth:
 
     def _time(self, width: int, seconds: float) -> None:
         self.steps += 1
-        # A width's first measurement may carry one-off start-up costs: its second (when it is next chosen or
-        # re-measured) replaces it outright.
         times = self.times[self.bucket]
         if width in times.borrowed:  # the first own measurement replaces another bucket's time, and counts as timed
             times.borrowed.discard(width)
-            times.measurements[width] = 1
+            times.measurements[width] = 2
+            times.seconds[width] = seconds
+            return
         count = self.measurements.get(width, 0)
-        s = self.time_smoothing
-        self.seconds[width] = seconds if count < 2 else (1 - s) * self.seconds[width] + s * seconds
+        self.seconds[width] = smoothed_time(self.seconds.get(width), count, seconds, self.time_smoothing)
         self.measurements[width] = count + 1
 
 
@@ -297,7 +329,7 @@ class TreeWidth(AdaptiveWidth):
         """Every other re-measurement is of the widest tree, which also tells what every narrower tree would
         have accepted: a width that lost on a few early steps is re-assessed, not left on its first estimate."""
         widest = self.widths[-1]
-        return widest if count % 2 and ranked[0] != widest else ranked[1]
+        return widest if count % 2 and ranked[0] != widest else super()._explore(ranked, count)
 
     def observe(self, width: int, num_accepted: list[int], seconds: float,
                 within: dict[int, list[int]] | None = None) -> None:
