@@ -48,16 +48,22 @@ def test_float32_and_gradients_keep_the_plain_linear():
         assert x.grad is not None
 
 
-@needs_packing
-def test_packed_target_equals_unpacked_target():
-    plain = tiny_target("qwen3", layers=3)
+def packed_and_unpacked(family: str, layers: int, rows: int, length: int):
+    """A bf16 tiny target as packed and unpacked Targets over the same HF model, with ids, positions and logit
+    rows [rows, length] for a forward of every position."""
+    plain = tiny_target(family, layers=layers)
     plain.model.bfloat16()
     packed = Target(plain.model, pack_weights=True)
     unpacked = Target(plain.model, pack_weights=False)
     assert packed.packed and not unpacked.packed
-    ids = torch.randint(3, VOCAB - 1, (2, 7))
-    positions = torch.arange(7).expand(2, 7)
-    rows = torch.arange(7).expand(2, 7)
+    ids = torch.randint(3, VOCAB - 1, (rows, length))
+    positions = torch.arange(length).expand(rows, length)
+    return plain, packed, unpacked, ids, positions, positions
+
+
+@needs_packing
+def test_packed_target_equals_unpacked_target():
+    _, packed, unpacked, ids, positions, rows = packed_and_unpacked("qwen3", layers=3, rows=2, length=7)
     for mode in (torch.no_grad, torch.enable_grad):  # the unchecked products (decoding), and the checked calls
         with mode():
             outs = [t.forward(ids, positions, t.new_cache(2, 16), (0, 2), logit_rows=rows) for t in (packed, unpacked)]
@@ -69,13 +75,7 @@ def test_packed_target_equals_unpacked_target():
 def test_a_packed_target_sees_weights_changed_between_forwards():
     # The packed target checks its packed copies once per forward: a weight changed in place since the last
     # forward must be packed again before this one runs, not read stale.
-    plain = tiny_target("llama", layers=2)
-    plain.model.bfloat16()
-    packed = Target(plain.model, pack_weights=True)
-    unpacked = Target(plain.model, pack_weights=False)
-    ids = torch.randint(3, VOCAB - 1, (1, 5))
-    positions = torch.arange(5)[None]
-    rows = torch.arange(5)[None]
+    plain, packed, unpacked, ids, positions, rows = packed_and_unpacked("llama", layers=2, rows=1, length=5)
     with torch.no_grad():  # as decoding runs: no gradient, so the unchecked products serve the forward
         packed.forward(ids, positions, packed.new_cache(1, 8), logit_rows=rows)
         plain.model.model.layers[1].mlp.down_proj.weight.mul_(-3.0)  # as a loaded state dict would change it
