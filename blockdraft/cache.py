@@ -58,7 +58,17 @@ class KVCache:
 
     def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
         """Copy each row's slots source [B, n] to its slots dest [B, n] in every layer (a token tree's accepted
-        path to the slots of its positions). All sources are read before any destination is written."""
+        path to the slots of its positions). All sources are read before any destination is written.
+
+        On CPU, leading columns already in place in every row (source == dest: the anchor, and the draft's first
+        choices, which best-first order puts first) are not copied, nor anything when all are: most tree steps
+        accept their path's first nodes only, and the copy costs about 2 % of a step over 30 layers."""
+        if source.device.type == "cpu":
+            moved = (source != dest).any(dim=0).nonzero()  # [m, 1] columns out of place in some row
+            if not moved.numel():
+                return
+            first = int(moved[0, 0])
+            source, dest = source[:, first:], dest[:, first:]
         rows = torch.arange(source.shape[0], device=source.device)[:, None]  # [B, 1]
         for layer in range(len(self.keys)):
             self.keys[layer][rows, :, dest] = self.keys[layer][rows, :, source]

@@ -175,6 +175,12 @@ def test_cache_move_copies_slots_per_row():
         cache.keys[layer][:, 0, :, 0] = torch.arange(12.0).view(2, 6)
     cache.move(torch.tensor([[3, 5], [2, 4]]), torch.tensor([[1, 2], [1, 2]]))
     assert cache.keys[1][:, 0, :, 0].tolist() == [[0, 3, 5, 3, 4, 5], [6, 8, 10, 9, 10, 11]]
+    # Leading columns in place in every row are skipped; a column in place in one row only is still copied in the
+    # other, and a later column's move still reads its source before any write.
+    cache.move(torch.tensor([[0, 1, 4], [0, 3, 1]]), torch.tensor([[0, 1, 2], [0, 1, 2]]))
+    assert cache.keys[0][:, 0, :, 0].tolist() == [[0, 3, 4, 3, 4, 5], [6, 9, 8, 9, 10, 11]]
+    cache.move(torch.tensor([[0, 1], [0, 1]]), torch.tensor([[0, 1], [0, 1]]))  # all in place: nothing moves
+    assert cache.keys[0][:, 0, :, 0].tolist() == [[0, 3, 4, 3, 4, 5], [6, 9, 8, 9, 10, 11]]
 
 
 # ---------------------------------------------------------------------------------------------------------
