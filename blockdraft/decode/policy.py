@@ -15,9 +15,9 @@ with drafting (w > 1) required to win by a small margin (2 %), so that timing no
 alpha_i are decayed counts pooled over rows (a Beta prior centred on the previous slot's estimate keeps
 rarely reached slots from looking good by default). t(w) is an exponential average of measured step times,
 robust to brief spikes (`smoothed_time`); every width is timed twice before the first choice (the lower of the
-two counts), and once the drafted steps (token trees report theirs)
-spread over enough widths, a drafted width's t(w) is read off a line fitted through all of them against their
-verified positions, which also prices a lookup run grafted onto a tree (lookup.py).
+two counts), and once the drafted steps (token trees report theirs) spread over enough widths, a drafted
+width's t(w) is read off a line fitted through all of them against their verified positions, which also prices
+a lookup run grafted onto a tree (lookup.py).
 Step times depend on how many rows a step decodes (a server's batches vary, and a batch shrinks as its rows
 finish): every timing above is kept per batch-size bucket (1, 2, 3-4, 5-8, ...; `at_batch`, told by each
 step), so a width is judged by steps of the size at hand; a new bucket starts from the nearest timed bucket's
@@ -29,9 +29,8 @@ re-measures the runner-up width every `explore_every` steps so it notices when d
 re-measurement costs little (at most that 10 % of one step) and decides the most: a draft near break-even
 must not stay switched off for a whole answer because its last estimate fell just short. While drafting wins,
 every third re-measurement is a plain step: t(1) is the yardstick of every choice, and no drafted step re-times
-it. Either interval is
-stretched where a re-measurement would cost more than `explore_budget` (2 %) of the decode time: a wide tree over
-a batch of rows can cost several plain steps.
+it. Either interval is stretched where a re-measurement would cost more than `explore_budget` (2 %) of the
+decode time: a wide tree over a batch of rows can cost several plain steps.
 
 With sampling, widths chosen from wall-clock times make a seeded sample depend on timing (the output is still
 distributed exactly as the target's); use a fixed width where a seed must reproduce the same text.
@@ -259,8 +258,9 @@ class AdaptiveWidth:
         if not all(self.times[self.bucket].timed(w) for w in self.widths):
             return
         line = self._cost_line()
-        if line is not None:  # a spike enters the fit at most SPIKE times the line's own time (see smoothed_time)
-            seconds = min(seconds, SPIKE * (line[0] + line[1] * positions))
+        predicted = line[0] + line[1] * positions if line is not None else 0.0
+        if predicted > 0:  # a spike enters the fit at most SPIKE times the line's own time (see smoothed_time)
+            seconds = min(seconds, SPIKE * predicted)
         d = self.decay
         self.cost_fit = [d * x + y for x, y in zip(self.cost_fit, (1.0, positions, seconds, positions**2,
                                                                       positions * seconds))]
