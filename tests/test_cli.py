@@ -7,6 +7,7 @@ import json
 import pytest
 
 from blockdraft.cli import main
+from blockdraft.commands.generate import decode_modes
 from blockdraft.io.checkpoint import write_checkpoint
 
 from conftest import char_tokenizer, tiny_draft, tiny_target
@@ -55,6 +56,26 @@ def test_generate_compare_with_lookups_names_the_mode_and_matches(folders, capsy
     code, out, _ = run(capsys, "generate", "abcabc", "--target", target, "--draft", draft, "--dtype", "float32",
                        "--max-new-tokens", "8", "--compare", "--lookup", "off")
     assert code == 0 and "adaptive," in out and "lookup" not in out.splitlines()[-1]
+
+
+def test_decode_modes_adapt_unless_a_seed_must_reproduce_its_text():
+    # auto: trees always; adaptive widths and lookups for greedy decoding and for unseeded sampling; a user's
+    # --seed keeps one fixed tree, so that the seed reproduces its text.
+    assert decode_modes("auto", "auto", "auto", greedy=True, seeded=False) == (True, True, True)
+    assert decode_modes("auto", "auto", "auto", greedy=False, seeded=False) == (True, True, True)
+    assert decode_modes("auto", "auto", "auto", greedy=False, seeded=True) == (False, False, True)
+    assert decode_modes("on", "auto", "off", greedy=False, seeded=True) == (True, True, False)
+    assert decode_modes("off", "on", "auto", greedy=True, seeded=False) == (False, True, True)
+
+
+def test_unseeded_sampling_says_its_widths_adapt(folders, capsys):
+    target, draft = folders
+    common = ["generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32", "--max-new-tokens",
+              "6", "--temperature", "0.8"]
+    code, out, _ = run(capsys, *common)
+    assert code == 0 and "widths adapt to timing" in out and "adaptive:" in out.splitlines()[-1], out
+    code, out, _ = run(capsys, *common, "--seed", "3")
+    assert code == 0 and "widths adapt" not in out and "adaptive:" not in out.splitlines()[-1], out
 
 
 def test_inspect_prints_the_config_and_validates(folders, capsys):

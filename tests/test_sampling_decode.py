@@ -238,6 +238,16 @@ def test_tree_sampling_matches_target_distribution(small_models, params, block_s
     assert pvalue > ALPHA, f"tree sampling is not distributed as the target's own (p = {pvalue:.2e})"
 
 
+def test_tree_sampling_at_changing_node_counts_matches_target_distribution(small_models):
+    """Trees of 1, 2, 3, 4 nodes in turn (an adaptive policy's choices, plain steps included), as unseeded
+    sampling runs by default in `generate`: each step's tree is fixed before its draws, so still the target's."""
+    target, draft = small_models
+    sampling = SamplingParams(temperature=1.0, top_k=4, seed=140_000)
+    counts = sampled_counts(target, draft, sampling, block_size=4, tree=True, cycle_widths=True, num_rows=6000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"tree sampling at changing node counts is not the target's own (p = {pvalue:.2e})"
+
+
 def final_draw_from_p(p, tokens, parents, generator=None):
     """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
     rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
