@@ -235,10 +235,13 @@ def test_joining_keeps_arrival_order_and_never_overtakes(model):
     worker = queued_worker(model, [("a", [5] * 10, 20, SamplingParams()),
                                    ("b", [5] * 10, 500, SamplingParams()),  # over the room: stops the joining
                                    ("c", [5] * 10, 20, SamplingParams())])
-    assert [job.request_id for job in worker._take_joining(SamplingParams(), 100, 8)] == ["a"]
+    assert [job.request_id for job in worker._take_joining(SamplingParams(), True, 100, 8)] == ["a"]
     assert [job.request_id for job in worker._pending] == ["b", "c"]
-    assert worker._take_joining(SamplingParams(), 1000, 1)[0].request_id == "b", "at most `free` rows join"
-    assert worker._take_joining(hot, 1000, 8) == [], "another group never joins"
+    assert worker._take_joining(SamplingParams(), True, 1000, 1)[0].request_id == "b", "at most `free` rows join"
+    assert worker._take_joining(hot, True, 1000, 8) == [], "another group never joins"
+    seeded = queued_worker(model, [("d", [5] * 10, 20, replace(hot, seed=4))])
+    assert seeded._take_joining(hot, True, 1000, 8) == [], "a seeded sample never joins a batch whose widths adapt"
+    assert [job.request_id for job in seeded._take_joining(hot, False, 1000, 8)] == ["d"]
 
 
 def test_seeded_sampled_requests_match_alone_when_batched(client, monkeypatch):
@@ -259,9 +262,25 @@ def test_batches_group_equal_sampling_that_fits_the_context(model):
         ("d", [5] * 10, 20, replace(hot, seed=2)),  # seeds differ, parameters equal: b's group
         ("e", [5] * 400, 20, SamplingParams()),  # 400 + a's 200 > 512 positions: waits
         ("f", [5] * 10, 20, replace(hot, top_k=5)),
+        ("g", [5] * 10, 20, hot),  # b's parameters without a seed: its widths may adapt, b's may not
+        ("h", [5] * 10, 20, hot),
     ])
-    batches = [[job.request_id for job in worker._take_batch()] for _ in range(4)]
-    assert batches == [["a", "c"], ["b", "d"], ["e"], ["f"]]
+    batches = [[job.request_id for job in worker._take_batch()] for _ in range(5)]
+    assert batches == [["a", "c"], ["b", "d"], ["e"], ["f"], ["g", "h"]]
+
+
+def test_unseeded_samples_adapt_and_seeded_ones_keep_their_widths(client):
+    """A sampled request without a seed decodes adaptive trees on the sampled batches' own policy; a seeded one
+    leaves every policy alone (fixed widths), so that its seed reproduces its text."""
+    worker = client.app.state.worker
+    before = (worker.policy.steps, worker.sampled_policy.steps)
+    seeded = text_body("Seeded", temperature=0.9, seed=5, max_tokens=10)
+    first = client.post(TEXT, json=seeded).json()["choices"][0]["text"]
+    assert (worker.policy.steps, worker.sampled_policy.steps) == before, "a seeded sample must not adapt"
+    assert client.post(TEXT, json=seeded).json()["choices"][0]["text"] == first
+    assert client.post(TEXT, json=text_body("Free", temperature=0.9, max_tokens=10)).status_code == 200
+    assert worker.sampled_policy.steps > before[1] and worker.policy.steps == before[0], \
+        "an unseeded sample adapts, on the sampled batches' policy"
 
 
 def test_worker_failure_is_a_500_with_id_and_the_server_keeps_serving(client, monkeypatch):

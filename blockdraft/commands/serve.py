@@ -21,9 +21,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--api-key", default=os.environ.get("BLOCKDRAFT_API_KEY"),
                         help="require `Authorization: Bearer KEY` on /v1 routes (default: $BLOCKDRAFT_API_KEY)")
     parser.add_argument("--fixed-block", action="store_true",
-                        help="verify the draft's full block at every step (default: greedy requests adapt the number "
-                             "of proposals verified, down to none when drafts miss, and may verify prompt-lookup "
-                             "blocks instead; sampled requests never adapt)")
+                        help="verify the draft's full block at every step (default: token trees; greedy requests "
+                             "and sampled ones without a seed adapt the number of nodes verified, down to none when "
+                             "drafts miss, with prompt-lookup runs grafted on; seeded samples keep a tree of K nodes)")
     parser.add_argument("--max-batch", type=int, default=8, help="most requests decoded together in one batch")
     parser.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
 
