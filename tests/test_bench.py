@@ -148,6 +148,56 @@ def test_methods_subset_keeps_the_references_and_base_order(tmp_path):
     assert len(json.loads((tmp_path / "bench.json").read_text())["rows"]) == 2 * 3
 
 
+def test_a_sampled_bench_samples_every_method_and_compares_no_texts(tmp_path):
+    # Every method samples (ours from its own seeds per call, HF from the global generator seeded per call); the
+    # texts are separate draws, so nothing is compared, and the settings say how they were drawn.
+    from blockdraft.sampling import SamplingParams
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    sampling = SamplingParams(temperature=1.0, top_k=3, seed=5)
+    settings = BenchSettings(block_size=4, max_new_tokens=6, warmup=False, sampling=sampling,
+                             methods=choose_methods("blockdraft,blockdraft-lookup"))
+    stdout = io.StringIO()
+    with redirect_stdout(stdout):
+        assert report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], settings, tmp_path) == 0
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["settings"]["decoding"] == "sampled: temperature 1, top_k 3, top_p 1, min_p 0, seed 5"
+    assert document["mismatches"] == [] and all(
+        m["mismatches_vs_ours_baseline"] is None for m in document["summary"].values())
+    assert "sampled: temperature 1" in stdout.getvalue()
+    again = tmp_path / "again"
+    with redirect_stdout(io.StringIO()):
+        report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], settings, again)
+    rows = [json.loads((folder / "bench.json").read_text())["rows"] for folder in (tmp_path, again)]
+    assert [r["new_tokens"] for r in rows[0]] == [r["new_tokens"] for r in rows[1]]
+    greedy = BenchSettings(block_size=4, max_new_tokens=6, warmup=False, methods=choose_methods("blockdraft"))
+    with redirect_stdout(io.StringIO()):
+        report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], greedy, tmp_path / "greedy")
+    base = json.loads((tmp_path / "greedy" / "bench.json").read_text())
+    assert base["settings"]["decoding"] == "greedy"
+
+
+def test_sampled_methods_draw_fresh_reproducible_samples():
+    from blockdraft.bench.methods import HFMethod, OursMethod
+    from blockdraft.sampling import SamplingParams
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    sampling = SamplingParams(temperature=1.0, seed=9)
+    prompts = [[1, 5, 9], [3, 4], [7, 8, 9], [6, 6]]
+    for make in (lambda: OursMethod("blockdraft", target, draft, 4, [STOP], sampling=sampling),
+                 lambda: HFMethod("hf-generate", target, [STOP], sampling=sampling)):
+        method = make()
+        first, second = ([d.tokens for d in method.decode(prompts, 8)] for _ in range(2))
+        assert first != second, "each call draws fresh samples"
+        assert [d.tokens for d in make().decode(prompts, 8)] == first, "the base seed reproduces a run"
+    greedy = [d.tokens for d in OursMethod("ours-baseline", target, None, None, [STOP]).decode(prompts, 8)]
+    sampled = [d.tokens for d in OursMethod("ours-baseline", target, None, None, [STOP], sampling=sampling).decode(
+        prompts, 8)]
+    assert sampled != greedy
+
+
 def test_unknown_method_is_refused_with_the_known_ones(capsys):
     with pytest.raises(InputError, match="blockdraft-lookup"):
         choose_methods("blockdraft-lokup")

@@ -14,15 +14,17 @@
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 
-Every method decodes greedily with the same stop tokens and returns the raw new tokens; the runner truncates
-them all by one rule. Methods that cannot batch decode their prompts one at a time inside `decode`.
+Every method decodes greedily, or with `sampling` samples with the same parameters (each call of ours from its
+own seeds, `Sampled`; HF's from its global generator, seeded per call), with the same stop tokens, and returns
+the raw new tokens; the runner truncates them all by one rule. Methods that cannot batch decode their prompts
+one at a time inside `decode`.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,10 +32,12 @@ import torch
 from ..decode.generate import generate
 from ..decode.lookup import PromptLookup
 from ..decode.policy import make_policy
+from ..decode.selection import Selector
 from ..errors import InputError
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
+from ..sampling import SamplingParams
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
 BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE = (
@@ -49,13 +53,29 @@ class Decoded:
     stats: AcceptanceStats | None = None  # speculative methods only
 
 
+class Sampled:
+    """Seeds for the sampled calls of one method: call c of a run starts at seed + c * 2**20 (prompt i of a call
+    adds i), so every call draws fresh numbers and a whole bench is reproducible from `sampling.seed`."""
+
+    def __init__(self, sampling: SamplingParams | None) -> None:
+        self.sampling = None if sampling is None or sampling.greedy else sampling
+        self.calls = 0
+
+    def next_seed(self) -> int | None:
+        if self.sampling is None:
+            return None
+        self.calls += 1
+        return ((self.sampling.seed or 0) + self.calls * 2**20) % 2**63
+
+
 class OursMethod:
     """Our decode loop; `draft=None` is the target-only baseline."""
 
     def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
                  stop_token_ids: list[int], adaptive: bool = False, lookup: bool = False,
-                 tree: bool = False) -> None:
+                 tree: bool = False, sampling: SamplingParams | None = None) -> None:
         self.name, self.target, self.draft = name, target, draft
+        self.seeds = Sampled(sampling)
         self.block_size = block_size if draft is not None else None
         self.stop_token_ids = stop_token_ids
         speculative = draft is not None and block_size is not None and block_size > 1
@@ -64,18 +84,22 @@ class OursMethod:
         self.lookup = PromptLookup(block_size) if lookup and speculative else False
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        seed = self.seeds.next_seed()
+        selector = None if seed is None else Selector(replace(self.seeds.sampling, seed=seed), len(prompts))
         results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
-                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, adaptive=self.policy,
-                           lookup=self.lookup, tree=self.tree)
+                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, selector=selector,
+                           adaptive=self.policy, lookup=self.lookup, tree=self.tree)
         return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
 
 
 class HFMethod:
-    """transformers `generate`, greedy, on the target's own HF model (left-padded when batched)."""
+    """transformers `generate`, greedy or sampling, on the target's own HF model (left-padded when batched)."""
 
-    def __init__(self, name: str, target: Target, stop_token_ids: list[int], prompt_lookup: int | None = None):
+    def __init__(self, name: str, target: Target, stop_token_ids: list[int], prompt_lookup: int | None = None,
+                 sampling: SamplingParams | None = None):
         self.name, self.target, self.stop_token_ids = name, target, stop_token_ids
         self.prompt_lookup = prompt_lookup
+        self.seeds = Sampled(sampling)
         self.pad_token_id = _pad_token_id(target, stop_token_ids)
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
@@ -93,10 +117,17 @@ class HFMethod:
         for b, p in enumerate(prompts):  # left padding: every row's next token sits at column `width`
             ids[b, width - len(p):] = torch.tensor(p, device=device)
             mask[b, width - len(p):] = 1
-        # A config built here, not the model's, so a sampling default in the checkpoint cannot leak in.
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+        # A config built here, not the model's, so a sampling default in the checkpoint cannot leak in (HF's own
+        # top_k of 50 included: 0 switches a filter off, as in ours).
+        sampling = self.seeds.sampling
+        filters = {} if sampling is None else dict(temperature=sampling.temperature, top_k=sampling.top_k,
+                                                   top_p=sampling.top_p, min_p=sampling.min_p or None)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling is not None, num_beams=1,
                                   eos_token_id=list(self.stop_token_ids) or None, pad_token_id=self.pad_token_id,
-                                  prompt_lookup_num_tokens=self.prompt_lookup)
+                                  prompt_lookup_num_tokens=self.prompt_lookup, **filters)
+        seed = self.seeds.next_seed()
+        if seed is not None:
+            torch.manual_seed(seed)  # HF samples from the global generator
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # generation-config chatter would bury the table
             out = self.target.model.generate(ids, attention_mask=mask, generation_config=config)
@@ -147,21 +178,24 @@ def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop_token_ids: list[int],
                   draft_folder: str | Path | None = None,
-                  names: Sequence[str] = METHODS) -> tuple[list, list[str]]:
+                  names: Sequence[str] = METHODS, sampling: SamplingParams | None = None) -> tuple[list, list[str]]:
     """The methods named (all by default) that can run here, in their base order, and a note for each one
-    skipped."""
+    skipped. With `sampling` (temperature > 0) every method samples; the reference runtime is then left out."""
+    s = dict(sampling=sampling)
     methods = [
-        OursMethod(BASELINE, target, None, None, stop_token_ids),
-        HFMethod(HF_GENERATE, target, stop_token_ids),
-        HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS),
-        OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids),
-        OursMethod(TREE, target, draft, block_size, stop_token_ids, tree=True),
-        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True),
-        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True),
+        OursMethod(BASELINE, target, None, None, stop_token_ids, **s),
+        HFMethod(HF_GENERATE, target, stop_token_ids, **s),
+        HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS, **s),
+        OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids, **s),
+        OursMethod(TREE, target, draft, block_size, stop_token_ids, tree=True, **s),
+        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True, **s),
+        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True, **s),
     ]
     methods = [m for m in methods if m.name in names]
     if REFERENCE not in names:
         return methods, []
+    if sampling is not None and not sampling.greedy:
+        return methods, [f"{REFERENCE} skipped: it is benchmarked greedy only"]
     reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
     if reference is not None:
         methods.append(reference)

@@ -27,11 +27,13 @@ def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, co
     """The full record of a run. `context` holds the caller's facts (prompt set, target, draft, dtype, device)."""
     rates = {name: {r["batch"]: r["tokens_per_second"] for r in run.rows if r["method"] == name}
              for name in REFERENCES if name in run.methods}
+    sampled = settings.sampling is not None and not settings.sampling.greedy
     summary, acceptance = {}, {}
     for name in run.methods:
         rows = [r for r in run.rows if r["method"] == name]
         summary[name] = summarize_method(rows, rates)
-        summary[name]["mismatches_vs_ours_baseline"] = _mismatch_count(run, name)
+        # Sampled texts are separate draws: only their distributions agree, so they are not compared.
+        summary[name]["mismatches_vs_ours_baseline"] = None if sampled else _mismatch_count(run, name)
         pooled = merged_acceptance(run.stats.get(name, []), summary[name]["new_tokens"], summary[name]["seconds"])
         if pooled is not None:
             acceptance[name] = pooled.as_dict()
@@ -41,14 +43,24 @@ def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, co
         "hardware": hardware,
         "settings": {**context, "block_size": settings.block_size, "max_new_tokens": settings.max_new_tokens,
                      "batch_size": settings.batch_size, "warmup": settings.warmup, "prompts": len(run.prompt_ids),
-                     "order": "interleaved per batch, rotated by one method per batch", "decoding": "greedy"},
+                     "order": "interleaved per batch, rotated by one method per batch",
+                     "decoding": _decoding(settings)},
         "methods": run.methods,
         "notes": notes,
         "summary": summary,
         "acceptance": acceptance,
-        "mismatches": _mismatches(run),
+        "mismatches": [] if sampled else _mismatches(run),
         "rows": run.rows,
     }
+
+
+def _decoding(settings: BenchSettings) -> str:
+    """'greedy', or the sampling parameters every method sampled with (its seed: the bench's base seed)."""
+    s = settings.sampling
+    if s is None or s.greedy:
+        return "greedy"
+    return (f"sampled: temperature {s.temperature:g}, top_k {s.top_k}, top_p {s.top_p:g}, min_p {s.min_p:g}, "
+            f"seed {s.seed}")
 
 
 def _mismatches(run: BenchRun) -> list[dict]:
@@ -106,7 +118,7 @@ def render(document: dict, console: Console) -> None:
     console.print(f"[bold]{hw['device']}[/bold] | torch {hw['torch']} | transformers {hw['transformers']} | "
                   f"{document['date']}")
     console.print(f"dtype {s.get('dtype')} | prompts {s.get('prompt_set')} x{s['prompts']} | K={s['block_size']} "
-                  f"| N={s['max_new_tokens']} new tokens | batch {s['batch_size']} | greedy, same stop tokens")
+                  f"| N={s['max_new_tokens']} new tokens | batch {s['batch_size']} | {s['decoding']}, same stop tokens")
     console.print(_speed_table(document))
     for name, acc in document["acceptance"].items():
         console.print(_acceptance_table(name, acc))

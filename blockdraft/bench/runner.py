@@ -5,8 +5,10 @@ Fairness rules, all in this module:
 2. A warm-up run of every method on the first batch before any timing, so no method pays first-call costs.
 3. Interleaved: for each batch, every method runs before the next batch starts, and the order rotates by one
    per batch (batch i starts with method i mod M), so machine drift and cache warmth hit all methods alike.
-4. Greedy everywhere, the same `max_new_tokens` and the same stop tokens; tokens are truncated by one rule
-   (`trim`) before counting, so only new tokens up to and including the first stop token count.
+4. Greedy everywhere (or, with `sampling`, every method sampling with the same parameters), the same
+   `max_new_tokens` and the same stop tokens; tokens are truncated by one rule (`trim`) before counting, so
+   only new tokens up to and including the first stop token count. Sampled texts are not compared: each method
+   draws its own sample, and only their distributions agree.
 5. On CUDA the clock reads after a synchronize on both sides, so queued kernels are inside the timing.
 """
 
@@ -21,6 +23,7 @@ import torch
 from ..decode.generate import check_request
 from ..metrics import AcceptanceStats
 from ..model.target import Target
+from ..sampling import SamplingParams
 
 WARMUP_MAX_NEW_TOKENS = 16  # enough to reach steady-state decode steps; short enough to cost seconds
 
@@ -32,6 +35,7 @@ class BenchSettings:
     batch_size: int = 1
     warmup: bool = True
     methods: tuple[str, ...] | None = None  # the methods to run (methods.METHODS); None: all that can run here
+    sampling: SamplingParams | None = None  # None or temperature 0: greedy; else every method samples (rule 4)
 
 
 @dataclass

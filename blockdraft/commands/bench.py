@@ -20,6 +20,7 @@ from ..decode.generate import check_request
 from ..errors import InputError
 from ..io.targets import load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
+from ..sampling import SamplingParams
 from .common import add_model_arguments
 
 
@@ -35,6 +36,13 @@ def add_arguments(parser) -> None:
                         help=f"comma-separated methods to run (default: all): {', '.join(METHODS)}; "
                              f"{' and '.join(REQUIRED)} always run")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
+    sampling = parser.add_argument_group("sampling", "every method samples with these (default: greedy); texts are "
+                                         "then not compared, each method drawing its own samples")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 is off")
+    sampling.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
+    sampling.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability")
+    sampling.add_argument("--seed", type=int, default=0, help="base seed of every method's samples (default 0)")
     add_model_arguments(parser)
 
 
@@ -44,6 +52,9 @@ def run(args) -> int:
         if value <= 0:
             raise InputError(f"`{flag}` must be a positive integer, got {value}")
     methods = choose_methods(args.methods)  # a misspelt method fails before anything loads
+    # Bad sampling parameters fail here too, with SamplingParams' message naming the parameter and the fix.
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed)
     # Prompts first: a wrong set name or a bad file line fails in milliseconds, before the model loads.
     prompts = load_prompts(args.prompts, args.limit)
     if not prompts:
@@ -60,7 +71,7 @@ def run(args) -> int:
     block_size = args.block_size or draft.config.block_size
     check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size)
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                             methods=methods)
+                             methods=methods, sampling=None if sampling.greedy else sampling)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True)}
     draft_folder = _draft_folder(args.draft)
