@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..io.targets import load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
-from .common import add_model_arguments
+from .common import add_model_arguments, add_sampling_arguments
 
 
 def add_arguments(parser) -> None:
@@ -36,13 +36,8 @@ def add_arguments(parser) -> None:
                         help=f"comma-separated methods to run (default: all): {', '.join(METHODS)}; "
                              f"{' and '.join(REQUIRED)} always run")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
-    sampling = parser.add_argument_group("sampling", "every method samples with these (default: greedy); texts are "
-                                         "then not compared, each method drawing its own samples")
-    sampling.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 is off")
-    sampling.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
-    sampling.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability")
-    sampling.add_argument("--seed", type=int, default=0, help="base seed of every method's samples (default 0)")
+    add_sampling_arguments(parser, "every method samples with these (default: greedy); texts are then not compared, "
+                           "each method drawing its own samples", 0, "base seed of every method's samples (default 0)")
     add_model_arguments(parser)
 
 

@@ -11,3 +11,15 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
+
+
+def add_sampling_arguments(parser, description: str, seed_default: int | None, seed_help: str):
+    """The sampling flags (temperature and the filters, in `SamplingParams`' order, and the seed) as one argument
+    group, returned for command-specific additions."""
+    group = parser.add_argument_group("sampling", description)
+    group.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 is off")
+    group.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
+    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability")
+    group.add_argument("--seed", type=int, default=seed_default, help=seed_help)
+    return group

@@ -22,7 +22,7 @@ from ..metrics import AcceptanceStats
 from ..prompts.files import read_prompt_file
 from ..sampling import SamplingParams
 from ..textstream import TextStream
-from .common import add_model_arguments
+from .common import add_model_arguments, add_sampling_arguments
 
 console = Console(stderr=True, highlight=False)
 
@@ -52,12 +52,8 @@ def add_arguments(parser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
-    sampling = parser.add_argument_group("sampling", "exact: the output follows the target's own distribution")
-    sampling.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 is off")
-    sampling.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
-    sampling.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability")
-    sampling.add_argument("--seed", type=int, default=None, help="prompt i uses seed + i (default: a random seed)")
+    sampling = add_sampling_arguments(parser, "exact: the output follows the target's own distribution", None,
+                                      "prompt i uses seed + i (default: a random seed)")
     sampling.add_argument("--draft-argmax", action="store_true",
                           help="propose the draft's argmax instead of sampling it (still exact)")
     add_model_arguments(parser)
