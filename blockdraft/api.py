@@ -22,7 +22,7 @@ import torch
 from .config import DraftConfig, check_against_target, choose_mask_token_id
 from .decode.generate import GenerationResult
 from .decode.generate import generate as generate_ids
-from .decode.selection import Selector
+from .decode.selection import Selector, is_coupled
 from .decode.vocab import read_vocab
 from .errors import InputError
 from .io.checkpoint import read_checkpoint
@@ -113,18 +113,21 @@ def encode(target: Target, prompt, chat: bool = True) -> list[int]:
 def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, *, max_new_tokens: int = 256,
              block_size: int | None = None, chat: bool = True, stop_token_ids=None,
              sampling: SamplingParams | None = None, draft_argmax: bool = False, adaptive: bool = False,
-             lookup: bool = False, tree: bool = False):
+             lookup: bool = False, tree: bool = False, sampler: str = "auto"):
     """Generate for one prompt -> Completion, or for a list of prompts -> list[Completion], decoded as one batch.
 
     A prompt is text, chat messages or token ids (see `encode`); prompts of different lengths batch together.
     `sampling` None or temperature 0 is greedy. At temperature > 0 the output is distributed exactly as the
-    target's own sampling. Prompt i draws from its own generator seeded with `sampling.seed + i`, so a seeded
-    call is reproducible and prompt i gives the same tokens alone with seed `seed + i` as in the batch (up to
-    float rounding between batch shapes). `draft_argmax` proposes the draft's argmax instead of sampling it;
-    still exact, and greedy decoding ignores it. `stop_token_ids` None stops at the target's end-of-sequence ids.
+    target's own sampling. Prompt i draws from its own seed, `sampling.seed + i`, so a seeded call is
+    reproducible and prompt i gives the same tokens alone with seed `seed + i` as in the batch (up to float
+    rounding between batch shapes). `sampler` "auto" samples coupled when seeded (sampling/gumbel.py: the
+    output is then the target-alone sample of the seed, token for token up to float rounding, with or without
+    a draft and at any widths) and by rejection otherwise; "coupled" or "rejection" forces one.
+    `draft_argmax` proposes the draft's argmax instead of sampling it (rejection sampling only; still exact).
+    `stop_token_ids` None stops at the target's end-of-sequence ids.
     `adaptive` verifies, at each step, the number of proposals that currently pays best (none when the draft
-    keeps missing): same output, never much slower than the target alone. With sampling it makes a seed's
-    sample depend on timing (still exactly distributed); leave it off where a seed must reproduce the text.
+    keeps missing): same output, never much slower than the target alone. Under rejection sampling it makes a
+    seed's sample depend on timing (still exactly distributed); coupled samples do not depend on it.
     `lookup` lets a step verify a prompt-lookup block (a continuation of an earlier occurrence of the row's last
     tokens) instead of the draft's, when every row has one and it pays more: same output again. `tree`
     verifies the draft's likeliest alternatives per slot too, as a token tree in one target forward: more tokens
@@ -136,7 +139,8 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     single = isinstance(prompt_or_prompts, str) or _is_messages(prompt_or_prompts) or _is_ids(prompt_or_prompts)
     prompts = [prompt_or_prompts] if single else list(prompt_or_prompts)
     ids = [encode(target, p, chat) for p in prompts]
-    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
+    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax,
+                        coupled=is_coupled(sampler, sampling))
     results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
                            stop_token_ids=stop_token_ids, selector=selector, adaptive=adaptive,
                            lookup=lookup, tree=tree)

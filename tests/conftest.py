@@ -72,11 +72,14 @@ class ScriptedDrafter:
     def append_context(self, features, counts) -> None:
         pass
 
-    def propose_top(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int, top_k: int):
+    def propose_top(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int, top_k: int,
+                    score=None):
         """A token tree's candidates, from `propose` (as the real Drafter's, normalised over what it scores)."""
         from blockdraft.decode.tree import top_candidates
 
-        return top_candidates(self.propose(anchors, anchor_positions, slots).log_softmax(-1), top_k)
+        logits = self.propose(anchors, anchor_positions, slots)
+        scores = logits.log_softmax(-1) if score is None else score(logits, None, logits.shape[-1])
+        return top_candidates(scores, top_k)
 
     def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:
         K = self.block_size

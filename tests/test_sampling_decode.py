@@ -99,10 +99,10 @@ class CyclingWidth:
 
 
 def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False,
-                   cycle_widths=False, tree=False) -> np.ndarray:
+                   cycle_widths=False, tree=False, coupled=False) -> np.ndarray:
     """Counts [V**n] of the first NUM_TOKENS tokens over num_rows rows of one prompt, one seed per row."""
     V = target.config.vocab_size
-    selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax)
+    selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax, coupled=coupled)
     policy = CyclingWidth(block_size) if cycle_widths else False
     results = generate(target, draft, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=block_size,
                        stop_token_ids=[], selector=selector, adaptive=policy, tree=tree)
@@ -262,6 +262,30 @@ def test_broken_tree_sampling_fails_the_same_test(small_models, monkeypatch):
     counts = sampled_counts(target, draft, sampling, tree=True, num_rows=6000)
     pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
     assert pvalue < ALPHA, f"{final_draw_from_p.__name__} passed the exactness test (p = {pvalue:.3f}); no power"
+
+
+@pytest.mark.parametrize("with_draft, tree", [(False, False), (True, False), (True, True)],
+                         ids=["target-alone", "chain-widths-1234", "tree-nodes-1234"])
+def test_coupled_sampling_matches_target_distribution(small_models, with_draft, tree):
+    """Coupled sampling (Gumbel noise keyed by position, sampling/gumbel.py) through the loop, at widths changing
+    every step: each position's noise is fresh, so the joint is the target's whatever the draft proposes."""
+    target, draft = small_models
+    sampling = SamplingParams(temperature=1.0, top_p=0.9, seed=150_000)
+    counts = sampled_counts(target, draft if with_draft else None, sampling, tree=tree, cycle_widths=with_draft,
+                            coupled=True, num_rows=6000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue > ALPHA, f"coupled sampling is not distributed as the target's own (p = {pvalue:.2e})"
+
+
+def test_noise_shared_by_positions_fails_the_same_test(small_models, monkeypatch):
+    """Noise keyed by the seed alone (every position of a row the same g) makes a row's tokens depend on each
+    other beyond p: the joint test must see it."""
+    target, _ = small_models
+    monkeypatch.setattr("blockdraft.sampling.gumbel.position_seed", lambda seed, position: seed)
+    sampling = SamplingParams(temperature=1.0, seed=160_000)
+    counts = sampled_counts(target, None, sampling, coupled=True, num_rows=6000)
+    pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
+    assert pvalue < ALPHA, f"noise shared by positions passed the exactness test (p = {pvalue:.3f}); no power"
 
 
 def test_exactness_test_detects_a_two_percent_shift(small_models):

@@ -134,12 +134,16 @@ class Drafter:
         logits, ids = self._logits(anchors, anchor_positions, slots)
         return logits if ids is None else scatter_logits(logits, ids, self.target.lm_head.weight.shape[0])
 
-    def propose_top(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int,
-                    top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each slot's top_k tokens and their draft log-probs (a token tree's candidates, tree.py): [B, n, k]
-        each, best first. Normalised over the proposal vocabulary, where q lives, without widening to V."""
+    def propose_top(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int, top_k: int,
+                    score=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each slot's top_k tokens and their scores (a token tree's candidates, tree.py): [B, n, k] each, best
+        first. The scores are the draft's log-probs, normalised over the proposal vocabulary, where q lives,
+        without widening to V; or `score(logits [B, n, V or N'], ids [N'] or None, vocab_size)` when given (coupled
+        sampling ranks by log q + g; Selector.draft_scores)."""
         logits, ids = self._logits(anchors, anchor_positions, slots)
-        scores, index = top_candidates(logits.log_softmax(dim=-1), top_k)
+        vocab_size = self.target.lm_head.weight.shape[0]
+        scores = logits.log_softmax(dim=-1) if score is None else score(logits, ids, vocab_size)
+        scores, index = top_candidates(scores, top_k)
         return scores, index if ids is None else ids[index]
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:

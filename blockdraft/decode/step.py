@@ -25,7 +25,7 @@ def prefill(state: DecodeState, target: Target, drafter: Drafter | None, selecto
     positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
     taps = drafter.tap_layer_ids if drafter else ()
     out = target.forward(ids, positions, state.target_cache, taps, logit_rows=(state.prompt_lengths - 1)[:, None])
-    first = selector.first_token(out.logits[:, 0], state.row_ids)  # [B]
+    first = selector.first_token(out.logits[:, 0], state.row_ids, state.prompt_lengths)  # [B]
     state.target_cache.crop_to(state.prompt_lengths)
     state.pending, state.pending_counts = out.features, state.prompt_lengths.clone()
     # The first token is the target's own choice, not a speculative step: it is not counted in tau.
@@ -69,7 +69,8 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         draft_logits = drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
-        proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids)  # [B, w-1], [B, w-1, V]
+        ahead = s[:, None] + 1 + torch.arange(width - 1, device=s.device)  # [B, w-1]: the proposals' positions
+        proposals, draft_probs = selector.propose(draft_logits, anchors, state.row_ids, ahead)  # [B, w-1], [B, w-1, V]
     elif width > 1:
         width = min(width, 1 + int(found[1].max()))
         proposals, draft_probs = selector.point_mass(found[0][:, : width - 1], target.lm_head.weight.shape[0])
@@ -86,7 +87,8 @@ def step(state: DecodeState, target: Target, drafter: Drafter | None, selector: 
     out = target.forward(block, positions, state.target_cache, taps, logit_rows=rows)  # logits [B, K, V]
 
     # 3. Accept: a proposals plus the target's own token at slot a (bonus or replacement).
-    num_accepted, target_token = selector.accept(out.logits, draft_probs, proposals, state.row_ids)  # [B], [B]
+    picks = positions + 1  # [B, K]: slot i's logits pick the token at position s + i + 1
+    num_accepted, target_token = selector.accept(out.logits, draft_probs, proposals, state.row_ids, picks)  # [B], [B]
     committed = torch.cat([proposals, target_token[:, None]], dim=1)  # [B, K]
     committed.scatter_(1, num_accepted[:, None], target_token[:, None])  # slot a holds the target's token
     events = state.commit(committed, num_accepted + 1, stats, width, lookup=use_lookup)
@@ -140,7 +142,9 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     if drafted:
         drafter.append_context(state.pending, state.pending_counts)
         slots = drafter.block_size - 1 if graft > 0 and B > 1 else min(drafter.block_size - 1, width - 1)
-        candidates = drafter.propose_top(anchors, s, slots, TOP_K)  # log-probs, tokens [B, n, k]
+        ahead = s[:, None] + 1 + torch.arange(slots, device=s.device)  # [B, n]: the slots' positions
+        score = lambda logits, ids, vocab: selector.draft_scores(logits, ids, vocab, ahead, state.row_ids)  # noqa: E731
+        candidates = drafter.propose_top(anchors, s, slots, TOP_K, score)  # scores, tokens [B, n, k]
         size = min(width, max_nodes(slots, TOP_K))
     tree, run_nodes = build_grafted_tree(anchors, candidates, size, *runs)  # run_nodes [B, graft]
     N = tree.size
@@ -150,9 +154,10 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     out = target.forward(tree.tokens, s[:, None] + tree.depths, state.target_cache, drafter.tap_layer_ids,
                          logit_rows=index, slots=s[:, None] + index, block_mask=ancestors(tree.parents))
 
-    # 3. Accept: the path of nodes the target agrees with (greedy) or samples (point-mass tests), then the
+    # 3. Accept: the path of nodes the target agrees with (greedy, coupled) or samples (point-mass tests), then the
     #    target's own token after its deepest node.
-    ok, bonus = selector.tree_accept(out.logits, tree, state.row_ids)  # [B, N], [B]
+    picks = s[:, None] + tree.depths + 1  # [B, N]: node i's logits pick the token after it
+    ok, bonus = selector.tree_accept(out.logits, tree, state.row_ids, picks)  # [B, N], [B]
     path, num_accepted = accept_path(tree, ok)  # [B, P], [B]
     committed = torch.cat([tree.tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], bonus[:, None])  # slot a holds the target's token
@@ -161,7 +166,8 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     seconds = time.perf_counter() - started
     if drafted and hasattr(policy, "observe_cost"):
         policy.observe_cost(N, seconds)
-    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.params.greedy, seconds, drafted)
+    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.deterministic, seconds,
+            drafted)
 
     # 4. Roll back: the accepted path's K/V move to the slots of their positions; the rest lies past the length.
     P = path.shape[1]
@@ -179,7 +185,7 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
 
 
 def observe(policy, lookup: PromptLookup | None, tree, ok: torch.Tensor, size: int, graft: int,
-            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, greedy: bool, seconds: float,
+            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, deterministic: bool, seconds: float,
             drafted: bool = True) -> None:
     """Tell each source's policy what its part of a tree step accepted, as if verified alone: the draft's first
     `size` nodes (timed without the grafted nodes' estimated cost) and the grafted runs.
@@ -191,7 +197,7 @@ def observe(policy, lookup: PromptLookup | None, tree, ok: torch.Tensor, size: i
         cost = policy.seconds_per_position() if extra and hasattr(policy, "seconds_per_position") else None
         seconds_alone = max(seconds - extra * cost, seconds / 2) if cost is not None else seconds
         accepted = accepted_depth(tree, ok, size).tolist()
-        if isinstance(policy, TreeWidth) and greedy:  # what each narrower tree would have accepted
+        if isinstance(policy, TreeWidth) and deterministic:  # what each narrower tree would have accepted
             within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= size}
             policy.observe(size, accepted, seconds_alone, within=within)
         else:
