@@ -139,8 +139,9 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     single = isinstance(prompt_or_prompts, str) or _is_messages(prompt_or_prompts) or _is_ids(prompt_or_prompts)
     prompts = [prompt_or_prompts] if single else list(prompt_or_prompts)
     ids = [encode(target, p, chat) for p in prompts]
-    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax,
-                        coupled=is_coupled(sampler, sampling))
+    sampling = sampling or SamplingParams()
+    coupled = is_coupled(sampler, sampling.greedy, seeded=sampling.seed is not None)
+    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax, coupled=coupled)
     results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
                            stop_token_ids=stop_token_ids, selector=selector, adaptive=adaptive,
                            lookup=lookup, tree=tree)

@@ -78,6 +78,18 @@ def test_unseeded_sampling_says_its_widths_adapt(folders, capsys):
     assert code == 0 and "widths adapt" not in out and "adaptive:" not in out.splitlines()[-1], out
 
 
+def test_a_seeded_sample_compares_identical_to_the_target_alone(folders, capsys):
+    """--seed samples coupled: the speculative run draws the target-alone sample of that seed, so --compare
+    checks the texts as it does greedy ones; the rejection sampler draws another sample and compares nothing."""
+    target, draft = folders
+    common = ["generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32", "--max-new-tokens",
+              "16", "--temperature", "0.9", "--compare"]
+    code, out, _ = run(capsys, *common, "--seed", "5")
+    assert code == 0 and "coupled" in out and "outputs identical" in out, out
+    code, out, _ = run(capsys, *common, "--seed", "5", "--sampler", "rejection", "--adaptive", "on")
+    assert code == 0 and "not compared" in out, out
+
+
 def test_inspect_prints_the_config_and_validates(folders, capsys):
     target, draft = folders
     code, out, _ = run(capsys, "inspect", draft, "--target", target)

@@ -172,6 +172,20 @@ def test_seeded_sampling_is_reproducible(client):
     assert first == second, "the same seed must give the same sample"
 
 
+def test_a_seeded_sample_is_the_target_alone_sample_of_its_seed(client, model):
+    """Seeded requests sample coupled: the speculative server returns what the target alone draws with that seed."""
+    from blockdraft.decode.selection import Selector
+
+    target, _ = model
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=4321)
+    body = text_body("A seeded sample", temperature=0.9, top_p=0.95, seed=4321, max_tokens=12)
+    served = client.post(TEXT, json=body).json()["choices"][0]["text"]
+    ids = target.tokenizer("A seeded sample")["input_ids"]
+    alone = generate(target, None, [ids], max_new_tokens=12, selector=Selector(sampling, 1, coupled=True))[0]
+    assert served == target.tokenizer.decode(alone.tokens, skip_special_tokens=True), (
+        "a seeded request's text is not the target-alone sample of its seed")
+
+
 # Batching, cancelling, failures
 
 

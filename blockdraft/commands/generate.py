@@ -14,7 +14,7 @@ from rich.console import Console
 
 from ..api import encode, load_draft
 from ..decode.generate import stream
-from ..decode.selection import Selector
+from ..decode.selection import SAMPLERS, Selector, is_coupled
 from ..errors import InputError
 from ..hardware import describe_line
 from ..io.targets import load_target, parse_dtype
@@ -54,8 +54,13 @@ def add_arguments(parser) -> None:
     mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
     sampling = add_sampling_arguments(parser, "exact: the output follows the target's own distribution", None,
                                       "prompt i uses seed + i (default: a random seed)")
+    sampling.add_argument("--sampler", choices=SAMPLERS, default="auto",
+                          help="coupled: each position's token is argmax(log p + g), Gumbel noise g keyed by the "
+                               "seed and the position, the draft guessing with the same noise, so a seed gives the "
+                               "target-alone sample of that seed (--compare shows identical outputs in float32); "
+                               "rejection: the draft samples and p tests its guesses; auto: coupled with --seed")
     sampling.add_argument("--draft-argmax", action="store_true",
-                          help="propose the draft's argmax instead of sampling it (still exact)")
+                          help="propose the draft's argmax instead of sampling it (rejection sampler; still exact)")
     add_model_arguments(parser)
 
 
@@ -76,13 +81,15 @@ def run(args) -> int:
     hardware = describe_line(args.device, dtype)
     adaptive, lookup, tree = decode_modes(args.adaptive, args.lookup, args.tree, sampling.greedy,
                                           seeded=args.seed is not None)
+    coupled = is_coupled(args.sampler, sampling.greedy, seeded=args.seed is not None)
     decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax,
-                  adaptive=adaptive, lookup=lookup, tree=tree)
+                  adaptive=adaptive, lookup=lookup, tree=tree, coupled=coupled)
     single = len(ids) == 1
     if not sampling.greedy:
         rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
-        timing = "; widths adapt to timing, so pass --seed to reproduce a text" if adaptive else ""
-        print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}{timing}")
+        how = ", coupled (the seed's target-alone sample)" if coupled else ", rejection"
+        timing = "; widths adapt to timing, so pass --seed to reproduce a text" if adaptive and not coupled else ""
+        print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}{how}{timing}")
     if args.compare:
         _warm_up(target, draft, ids, block, tree)
         base_tokens, _, base = _run(target, None, ids, None, **decode)
@@ -93,19 +100,21 @@ def run(args) -> int:
         print(_summary("speculative", spec, block, hardware, len(ids)))
         ratio = spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
         exact = dtype == torch.float32
-        if not sampling.greedy:  # both are exact samples, but of different random draws: only their distributions agree
-            same = "not compared: sampled"
+        if not sampling.greedy and not coupled:  # exact samples of different draws: only their laws agree
+            same = "not compared: sampled by rejection; --seed or --sampler coupled draws the same sample"
         elif spec_tokens == base_tokens:
             same = "identical"
         elif exact:
             same = "DIFFERENT in float32 (a bug: please report it with this command)"
         else:
-            # A K-token verify and a one-token step round differently in 16-bit floats, so near-tie argmaxes can flip.
+            # A K-token verify and a one-token step round differently in 16-bit floats, so near-tie argmaxes can flip;
+            # a sample meets near-ties far more often than greedy decoding does.
             same = f"differ ({dtype_name(dtype)} rounding of near-ties; --dtype float32 compares bit-exactly)"
         modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "") + (", tree" if tree else "")
         print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{modes}, "
               f"{spec.new_tokens} new tokens, {hardware})")
-        return 1 if sampling.greedy and exact and spec_tokens != base_tokens else 0
+        compared = sampling.greedy or coupled
+        return 1 if compared and exact and spec_tokens != base_tokens else 0
     tokens, rows, stats = _run(target, draft, ids, block, echo=single, **decode)
     if not single:
         _print_rows(target, prompts, tokens, rows, block if draft is not None else None)
@@ -142,10 +151,14 @@ def _sampling(args) -> SamplingParams:
                               min_p=args.min_p, seed=seed)
     ignored = [flag for flag, on in [("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
                                      ("--min-p", args.min_p != 0.0), ("--seed", args.seed is not None),
-                                     ("--draft-argmax", args.draft_argmax)] if on]
+                                     ("--draft-argmax", args.draft_argmax),
+                                     ("--sampler", args.sampler != "auto")] if on]
     if sampling.greedy and ignored:
         console.print(f"[yellow]note: {', '.join(ignored)} ignored at temperature 0 (greedy); "
                       "pass --temperature to sample[/yellow]")
+    elif args.draft_argmax and is_coupled(args.sampler, sampling.greedy, seeded=args.seed is not None):
+        console.print("[yellow]note: --draft-argmax applies to the rejection sampler only; a coupled sample's "
+                      "draft guesses argmax(log q + g) anyway[/yellow]")
     return sampling
 
 
@@ -181,7 +194,7 @@ def _warm_up(target, draft, ids, block, tree: bool) -> None:
 
 
 def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, lookup, tree,
-         echo: bool = False):
+         coupled: bool = False, echo: bool = False):
     """Decode all prompts as one batch -> (tokens per row, stats per row, batch stats).
 
     The batch stats pool every row's tau and divide all new tokens by the one wall time: batch throughput.
@@ -190,7 +203,7 @@ def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, a
     stats = [AcceptanceStats(K) for _ in ids]
     tokens: list[list[int]] = [[] for _ in ids]
     text = TextStream(target.tokenizer) if echo else None
-    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax)
+    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax, coupled=coupled)
     start = time.perf_counter()
     for event in stream(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block, selector=selector,
                         stats=stats, adaptive=adaptive, lookup=lookup, tree=tree):

@@ -34,16 +34,14 @@ RANK_TEMPERATURE = 2.0
 SAMPLERS = ("auto", "coupled", "rejection")
 
 
-def is_coupled(sampler: str, params: SamplingParams | None) -> bool:
-    """Whether to sample coupled: `sampler` "coupled", or "auto" with a seed from the user (so that the seed gives
-    the target's own sample of that seed, whatever the widths: they may then adapt); "rejection" samples the
-    draft's proposals and tests them against p (DESIGN.md §3). Greedy decoding is neither."""
+def is_coupled(sampler: str, greedy: bool, seeded: bool) -> bool:
+    """Whether to sample coupled: `sampler` "coupled", or "auto" with a seed from the user, so that the seed gives
+    the target's own sample of that seed (in float32; up to rounding at near-ties in 16-bit floats); "rejection"
+    samples the draft's proposals and tests them against p (DESIGN.md §3). Greedy decoding is neither."""
     if sampler not in SAMPLERS:
         raise InputError(f"`sampler` must be one of {', '.join(SAMPLERS)}, got {sampler!r}; use auto (coupled "
                          "when seeded, rejection otherwise)")
-    if params is None or params.greedy:
-        return False
-    return sampler == "coupled" or (sampler == "auto" and params.seed is not None)
+    return not greedy and (sampler == "coupled" or (sampler == "auto" and seeded))
 
 
 class Selector:
