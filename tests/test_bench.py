@@ -162,10 +162,10 @@ def test_a_sampled_bench_samples_every_method_and_compares_no_texts(tmp_path):
     with redirect_stdout(stdout):
         assert report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], settings, tmp_path) == 0
     document = json.loads((tmp_path / "bench.json").read_text())
-    assert document["settings"]["decoding"] == "sampled: temperature 1, top_k 3, top_p 1, min_p 0, seed 5"
+    assert document["settings"]["decoding"] == "sampled (rejection): temperature 1, top_k 3, top_p 1, min_p 0, seed 5"
     assert document["mismatches"] == [] and all(
         m["mismatches_vs_ours_baseline"] is None for m in document["summary"].values())
-    assert "sampled: temperature 1" in stdout.getvalue()
+    assert "sampled (rejection): temperature 1" in stdout.getvalue()
     again = tmp_path / "again"
     with redirect_stdout(io.StringIO()):
         report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], settings, again)
@@ -176,6 +176,26 @@ def test_a_sampled_bench_samples_every_method_and_compares_no_texts(tmp_path):
         report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], greedy, tmp_path / "greedy")
     base = json.loads((tmp_path / "greedy" / "bench.json").read_text())
     assert base["settings"]["decoding"] == "greedy"
+
+
+def test_a_coupled_bench_compares_our_samples_with_ours_baseline(tmp_path):
+    """Ours sampling coupled draw ours-baseline's sample from the same seeds: their texts are compared (float32:
+    no mismatch), HF's are not, and a speculative method that picked other tokens would be reported."""
+    from blockdraft.sampling import SamplingParams
+
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    sampling = SamplingParams(temperature=1.0, top_p=0.9, seed=11)
+    settings = BenchSettings(block_size=4, max_new_tokens=10, warmup=False, sampling=sampling, coupled=True,
+                             methods=choose_methods("blockdraft,blockdraft-tree,blockdraft-lookup"))
+    with redirect_stdout(io.StringIO()):
+        assert report(target, draft, [[1, 5, 9], [3, 4], [7, 8, 9]], settings, tmp_path) == 0
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["settings"]["decoding"].startswith("sampled (coupled)")
+    counts = {name: m["mismatches_vs_ours_baseline"] for name, m in document["summary"].items()}
+    assert counts == {"ours-baseline": 0, "hf-generate": None, "blockdraft": 0, "blockdraft-tree": 0,
+                      "blockdraft-lookup": 0}, counts
+    assert document["mismatches"] == []
 
 
 def test_sampled_methods_draw_fresh_reproducible_samples():

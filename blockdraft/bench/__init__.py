@@ -33,7 +33,8 @@ def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]],
     # One stop set for every method, the one our decode loop uses by default: equal stopping.
     stop_token_ids = sorted(eos_ids(target))
     methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder,
-                                   choose_methods(settings.methods), sampling=settings.sampling)
+                                   choose_methods(settings.methods), sampling=settings.sampling,
+                                   coupled=settings.coupled)
     run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
     context = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device), **(context or {}),
                "stop_token_ids": stop_token_ids}

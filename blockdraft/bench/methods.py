@@ -15,7 +15,8 @@
   importable and the draft is a checkpoint folder; never a dependency.
 
 Every method decodes greedily, or with `sampling` samples with the same parameters (each call of ours from its
-own seeds, `Sampled`; HF's from its global generator, seeded per call), with the same stop tokens, and returns
+own seeds, `Sampled`, by rejection or coupled; HF's from its global generator, seeded per call), with the same
+stop tokens, and returns
 the raw new tokens; the runner truncates them all by one rule. Methods that cannot batch decode their prompts
 one at a time inside `decode`.
 """
@@ -44,6 +45,7 @@ BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFER
     "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
     "blockdraft-lookup", "dflash-reference")
 METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE)
+OURS = (BASELINE, SPECULATIVE, TREE, ADAPTIVE, LOOKUP)  # our decode loop: coupled samples compare across these
 REQUIRED = (BASELINE, HF_GENERATE)  # every speedup is against these, and every output is checked against the first
 
 
@@ -73,9 +75,10 @@ class OursMethod:
 
     def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
                  stop_token_ids: list[int], adaptive: bool = False, lookup: bool = False,
-                 tree: bool = False, sampling: SamplingParams | None = None) -> None:
+                 tree: bool = False, sampling: SamplingParams | None = None, coupled: bool = False) -> None:
         self.name, self.target, self.draft = name, target, draft
         self.seeds = Sampled(sampling)
+        self.coupled = coupled  # call c of every method is seeded alike: coupled samples are then the same
         self.block_size = block_size if draft is not None else None
         self.stop_token_ids = stop_token_ids
         speculative = draft is not None and block_size is not None and block_size > 1
@@ -85,7 +88,8 @@ class OursMethod:
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
         seed = self.seeds.next_seed()
-        selector = None if seed is None else Selector(replace(self.seeds.sampling, seed=seed), len(prompts))
+        selector = None if seed is None else Selector(replace(self.seeds.sampling, seed=seed), len(prompts),
+                                                      coupled=self.coupled)
         results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
                            block_size=self.block_size, stop_token_ids=self.stop_token_ids, selector=selector,
                            adaptive=self.policy, lookup=self.lookup, tree=self.tree)
@@ -178,18 +182,21 @@ def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop_token_ids: list[int],
                   draft_folder: str | Path | None = None,
-                  names: Sequence[str] = METHODS, sampling: SamplingParams | None = None) -> tuple[list, list[str]]:
+                  names: Sequence[str] = METHODS, sampling: SamplingParams | None = None,
+                  coupled: bool = False) -> tuple[list, list[str]]:
     """The methods named (all by default) that can run here, in their base order, and a note for each one
-    skipped. With `sampling` (temperature > 0) every method samples; the reference runtime is then left out."""
+    skipped. With `sampling` (temperature > 0) every method samples, ours coupled when `coupled`; the reference
+    runtime is then left out."""
     s = dict(sampling=sampling)
+    ours = dict(sampling=sampling, coupled=coupled)
     methods = [
-        OursMethod(BASELINE, target, None, None, stop_token_ids, **s),
+        OursMethod(BASELINE, target, None, None, stop_token_ids, **ours),
         HFMethod(HF_GENERATE, target, stop_token_ids, **s),
         HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS, **s),
-        OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids, **s),
-        OursMethod(TREE, target, draft, block_size, stop_token_ids, tree=True, **s),
-        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True, **s),
-        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True, **s),
+        OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids, **ours),
+        OursMethod(TREE, target, draft, block_size, stop_token_ids, tree=True, **ours),
+        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True, **ours),
+        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True, **ours),
     ]
     methods = [m for m in methods if m.name in names]
     if REFERENCE not in names:

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .methods import BASELINE, HF_GENERATE
+from .methods import BASELINE, HF_GENERATE, OURS
 from .runner import BenchRun, BenchSettings
 from .summary import first_difference, merged_acceptance, summarize_method
 
@@ -28,12 +28,14 @@ def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, co
     rates = {name: {r["batch"]: r["tokens_per_second"] for r in run.rows if r["method"] == name}
              for name in REFERENCES if name in run.methods}
     sampled = settings.sampling is not None and not settings.sampling.greedy
+    # Sampled texts are separate draws, whose distributions alone agree, except ours sampling coupled: the same
+    # seeds then give the same sample, so those are compared as greedy texts are.
+    compared = [n for n in run.methods if not sampled or (settings.coupled and n in OURS)]
     summary, acceptance = {}, {}
     for name in run.methods:
         rows = [r for r in run.rows if r["method"] == name]
         summary[name] = summarize_method(rows, rates)
-        # Sampled texts are separate draws: only their distributions agree, so they are not compared.
-        summary[name]["mismatches_vs_ours_baseline"] = None if sampled else _mismatch_count(run, name)
+        summary[name]["mismatches_vs_ours_baseline"] = _mismatch_count(run, name) if name in compared else None
         pooled = merged_acceptance(run.stats.get(name, []), summary[name]["new_tokens"], summary[name]["seconds"])
         if pooled is not None:
             acceptance[name] = pooled.as_dict()
@@ -49,7 +51,7 @@ def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, co
         "notes": notes,
         "summary": summary,
         "acceptance": acceptance,
-        "mismatches": [] if sampled else _mismatches(run),
+        "mismatches": _mismatches(run, compared),
         "rows": run.rows,
     }
 
@@ -59,12 +61,13 @@ def _decoding(settings: BenchSettings) -> str:
     s = settings.sampling
     if s is None or s.greedy:
         return "greedy"
-    return (f"sampled: temperature {s.temperature:g}, top_k {s.top_k}, top_p {s.top_p:g}, min_p {s.min_p:g}, "
-            f"seed {s.seed}")
+    sampler = "coupled" if settings.coupled else "rejection"
+    return (f"sampled ({sampler}): temperature {s.temperature:g}, top_k {s.top_k}, top_p {s.top_p:g}, "
+            f"min_p {s.min_p:g}, seed {s.seed}")
 
 
-def _mismatches(run: BenchRun) -> list[dict]:
-    """Prompts where a method's tokens differ from ours-baseline's, with the first differing index.
+def _mismatches(run: BenchRun, names: list[str]) -> list[dict]:
+    """Prompts where a method of `names` gives other tokens than ours-baseline, with the first differing index.
 
     Greedy speculative decoding must reproduce the baseline; in bf16 a block verify and a one-token step can
     round a near-tie differently, so differences are reported, not raised.
@@ -72,7 +75,7 @@ def _mismatches(run: BenchRun) -> list[dict]:
     if BASELINE not in run.tokens:
         return []
     found = []
-    for name in run.methods:
+    for name in names:
         for i, (base, other) in enumerate(zip(run.tokens[BASELINE], run.tokens[name])):
             index = first_difference(base, other) if name != BASELINE else None
             if index is not None:

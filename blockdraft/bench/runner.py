@@ -7,8 +7,9 @@ Fairness rules, all in this module:
    per batch (batch i starts with method i mod M), so machine drift and cache warmth hit all methods alike.
 4. Greedy everywhere (or, with `sampling`, every method sampling with the same parameters), the same
    `max_new_tokens` and the same stop tokens; tokens are truncated by one rule (`trim`) before counting, so
-   only new tokens up to and including the first stop token count. Sampled texts are not compared: each method
-   draws its own sample, and only their distributions agree.
+   only new tokens up to and including the first stop token count. Sampled texts are compared only when ours
+   sample coupled (`coupled`: the same seeds give the target-alone sample); otherwise each method draws its own
+   sample, and only their distributions agree.
 5. On CUDA the clock reads after a synchronize on both sides, so queued kernels are inside the timing.
 """
 
@@ -36,6 +37,7 @@ class BenchSettings:
     warmup: bool = True
     methods: tuple[str, ...] | None = None  # the methods to run (methods.METHODS); None: all that can run here
     sampling: SamplingParams | None = None  # None or temperature 0: greedy; else every method samples (rule 4)
+    coupled: bool = False  # ours sample coupled (sampling/gumbel.py), so their texts compare to ours-baseline's
 
 
 @dataclass

@@ -36,8 +36,12 @@ def add_arguments(parser) -> None:
                         help=f"comma-separated methods to run (default: all): {', '.join(METHODS)}; "
                              f"{' and '.join(REQUIRED)} always run")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
-    add_sampling_arguments(parser, "every method samples with these (default: greedy); texts are then not compared, "
-                           "each method drawing its own samples", 0, "base seed of every method's samples (default 0)")
+    sampling = add_sampling_arguments(parser, "every method samples with these (default: greedy); texts are then "
+                                      "compared only with --sampler coupled, and only ours", 0,
+                                      "base seed of every method's samples (default 0)")
+    sampling.add_argument("--sampler", choices=("rejection", "coupled"), default="rejection",
+                          help="how ours sample: rejection (as unseeded requests do), or coupled (as seeded ones "
+                               "do: the same seeds give ours-baseline's sample, so ours' texts are compared)")
     add_model_arguments(parser)
 
 
@@ -66,7 +70,8 @@ def run(args) -> int:
     block_size = args.block_size or draft.config.block_size
     check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size)
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                             methods=methods, sampling=None if sampling.greedy else sampling)
+                             methods=methods, sampling=None if sampling.greedy else sampling,
+                             coupled=args.sampler == "coupled" and not sampling.greedy)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True)}
     draft_folder = _draft_folder(args.draft)
