@@ -113,16 +113,16 @@ def encode(target: Target, prompt, chat: bool = True) -> list[int]:
 def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, *, max_new_tokens: int = 256,
              block_size: int | None = None, chat: bool = True, stop_token_ids=None,
              sampling: SamplingParams | None = None, draft_argmax: bool = False, adaptive: bool = False,
-             lookup: bool = False, tree: bool = False, sampler: str = "coupled"):
+             lookup: bool = False, tree: bool = False, sampler: str = "auto"):
     """Generate for one prompt -> Completion, or for a list of prompts -> list[Completion], decoded as one batch.
 
     A prompt is text, chat messages or token ids (see `encode`); prompts of different lengths batch together.
     `sampling` None or temperature 0 is greedy. At temperature > 0 the output is distributed exactly as the
     target's own sampling. Prompt i draws from its own seed, `sampling.seed + i`, so a seeded call is
     reproducible and prompt i gives the same tokens alone with seed `seed + i` as in the batch (up to float
-    rounding between batch shapes). `sampler` "coupled" (the default; sampling/gumbel.py) makes the output the
-    target-alone sample of the seed, token for token up to float rounding, with or without a draft and at any
-    widths; "rejection" tests the draft's sampled guesses against p instead (DESIGN.md §3).
+    rounding between batch shapes). `sampler` "auto" samples coupled when seeded (sampling/gumbel.py: the
+    output is then the target-alone sample of the seed, token for token up to float rounding, with or without
+    a draft and at any widths) and by rejection otherwise; "coupled" or "rejection" forces one.
     `draft_argmax` proposes the draft's argmax instead of sampling it (rejection sampling only; still exact).
     `stop_token_ids` None stops at the target's end-of-sequence ids.
     `adaptive` verifies, at each step, the number of proposals that currently pays best (none when the draft
@@ -140,7 +140,7 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     prompts = [prompt_or_prompts] if single else list(prompt_or_prompts)
     ids = [encode(target, p, chat) for p in prompts]
     sampling = sampling or SamplingParams()
-    coupled = is_coupled(sampler, sampling.greedy)
+    coupled = is_coupled(sampler, sampling.greedy, seeded=sampling.seed is not None)
     selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax, coupled=coupled)
     results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
                            stop_token_ids=stop_token_ids, selector=selector, adaptive=adaptive,

@@ -31,21 +31,17 @@ from .tree import Tree, accepted_nodes, deepest_node
 # 96 tokens, temperature 0.7, trees of 8 nodes, bf16): tau 1.744 at 1, 1.795 at 2, 1.680 at 4.
 RANK_TEMPERATURE = 2.0
 
-# How a sampled decode draws, the first the default. coupled: a seed gives the target's own sample of that seed
-# (float32; up to rounding at near-ties in 16-bit floats), and adaptive trees learn as under greedy decoding.
-# With the shipped draft at temperature 0.7 (bf16, 2-core EPYC, 96 tokens, same-process A/B against the target
-# alone sampling), adaptive trees with lookups ran at 1.47x/1.44x (8/16 HumanEval prompts), 1.11x (8 MT-Bench),
-# 1.15x (8 IFEval) coupled, against 1.36x/1.42x, 0.98x, 1.16x by rejection. rejection: the draft's guesses are
-# tested against p (DESIGN.md §3); it may accept more in a chain when q is close to p.
-SAMPLERS = ("coupled", "rejection")
+SAMPLERS = ("auto", "coupled", "rejection")
 
 
-def is_coupled(sampler: str, greedy: bool) -> bool:
-    """Whether a decode samples coupled (`sampler` one of SAMPLERS); greedy decoding is neither."""
+def is_coupled(sampler: str, greedy: bool, seeded: bool) -> bool:
+    """Whether to sample coupled: `sampler` "coupled", or "auto" with a seed from the user, so that the seed gives
+    the target's own sample of that seed (in float32; up to rounding at near-ties in 16-bit floats); "rejection"
+    samples the draft's proposals and tests them against p (DESIGN.md §3). Greedy decoding is neither."""
     if sampler not in SAMPLERS:
-        raise InputError(f"`sampler` must be one of {', '.join(SAMPLERS)}, got {sampler!r}; use coupled (the "
-                         "default) or rejection")
-    return not greedy and sampler == "coupled"
+        raise InputError(f"`sampler` must be one of {', '.join(SAMPLERS)}, got {sampler!r}; use auto (coupled "
+                         "when seeded, rejection otherwise)")
+    return not greedy and (sampler == "coupled" or (sampler == "auto" and seeded))
 
 
 class Selector:

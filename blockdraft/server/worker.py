@@ -221,10 +221,10 @@ class Worker:
 
     def _decode(self, batch: list[Job], stats: list[AcceptanceStats]) -> None:
         group, adapts = batch[0].group, batch[0].adapts
-        # Samples are coupled (sampling/gumbel.py): a request gets the target-alone sample of its seed, whatever it
-        # is batched with (up to rounding at near-ties in 16-bit floats; seeded ones keep fixed widths for that).
+        # A user's seed samples coupled (sampling/gumbel.py): the request gets the target-alone sample of its seed,
+        # whatever it is batched with; unseeded samples draw by rejection, at widths that adapt.
         selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch],
-                            coupled=not group.greedy)
+                            coupled=not group.greedy and not adapts)
         policy, lookup = (self.policy, self.lookup) if group.greedy else (self.sampled_policy, self.sampled_lookup)
 
         def admit(room: int) -> list[Admission]:  # queued requests joining as rows free up; `batch` grows
