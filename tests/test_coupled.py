@@ -95,3 +95,11 @@ def test_the_api_couples_seeded_sampling(setup):
                         tree=True, adaptive=True)
     alone = api.generate(target, None, prompts, max_new_tokens=MAX_NEW, stop_token_ids=[], sampling=SAMPLING)
     assert [c.tokens for c in spec] == [c.tokens for c in alone]
+
+
+def test_an_unknown_sampler_is_refused_with_the_known_ones(setup):
+    from blockdraft.errors import InputError
+
+    target, prompts, _ = setup
+    with pytest.raises(InputError, match="`sampler` must be one of auto, coupled, rejection"):
+        api.generate(target, None, prompts[0], max_new_tokens=4, sampling=SAMPLING, sampler="gumbel")

@@ -16,9 +16,11 @@ Shapes: n positions, V vocabulary; `...` any leading dimensions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .transforms import SamplingParams, logits_to_probs
+from .transforms import SamplingParams, logits_to_probs, scaled_logits
 
 _MASK64 = 2**64 - 1
 
@@ -47,13 +49,18 @@ def gumbel_noise(seed: int, positions: list[int], vocab_size: int) -> torch.Tens
         # chance is 2**-24 per entry, far below what any test or sample size resolves.
         rows.append(torch.rand(vocab_size, generator=generator))
     uniforms = torch.stack(rows) if rows else torch.empty(0, vocab_size)
-    return -torch.log(-torch.log(uniforms))
+    return uniforms.log_().neg_().log_().neg_()  # -log(-log u), in place
 
 
 def perturbed_scores(logits: torch.Tensor, noise: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """log p + g for logits [..., V] and noise [..., V] -> [..., V] float32; its argmax is an exact sample of p
-    (tokens that the filters drop score -inf). The same transform serves the draft: log q + g."""
-    return torch.log(logits_to_probs(logits, params)) + noise.to(logits.device)
+    """log p + g, up to a constant per row, for logits [..., V] and noise [..., V] -> [..., V] float32: its argmax
+    is an exact sample of p, tokens that the filters drop scoring -inf. The same transform serves the draft:
+    log q + g. A constant per row changes neither the argmax nor a softmax over the row, so p is not normalised
+    (what `logits_to_probs` would add is a softmax and a log over the vocabulary, at every node of every step)."""
+    scores = scaled_logits(logits, params)  # [..., V]
+    if params.top_p < 1.0 or params.min_p > 0.0:  # these filters are defined on p itself
+        scores = scores.masked_fill(logits_to_probs(logits, params) == 0, -math.inf)
+    return scores + noise.to(logits.device)
 
 
 def coupled_sample(logits: torch.Tensor, noise: torch.Tensor, params: SamplingParams) -> torch.Tensor:
