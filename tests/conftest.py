@@ -42,6 +42,12 @@ def tiny_draft(target: Target, layers: int = 2, block_size: int = 16, seed: int 
     return draft.float().eval()
 
 
+def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    """Prompts of the given lengths over the printable ids 3..89, drawn from `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 90, (n,), generator=generator).tolist() for n in lengths]
+
+
 @pytest.fixture(params=["llama", "qwen3"])
 def target(request) -> Target:
     return tiny_target(request.param)

@@ -16,7 +16,7 @@ from blockdraft.decode.generate import generate
 from blockdraft.errors import InputError
 from blockdraft.sampling import SamplingParams
 
-from conftest import VOCAB, ScriptedDrafter, tiny_draft, tiny_target
+from conftest import VOCAB, ScriptedDrafter, random_prompts, tiny_draft, tiny_target
 
 
 # ---------------------------------------------------------------------------------------------- ragged batches
@@ -29,8 +29,7 @@ K = 8
 @pytest.fixture(scope="module")
 def llama():
     target = tiny_target("llama")
-    generator = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 90, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    prompts = random_prompts(PROMPT_LENGTHS, seed=5)
     # The target's own greedy continuations, long enough for the scripted drafter to look K ahead.
     base = generate(target, None, prompts, max_new_tokens=MAX_NEW + K, stop_token_ids=[])
     references = [p + r.tokens for p, r in zip(prompts, base)]

@@ -8,14 +8,13 @@ seeded request adapt its widths and still reproduce, and what makes sampled outp
 from __future__ import annotations
 
 import pytest
-import torch
 
 import blockdraft.api as api
 from blockdraft.decode.generate import generate
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
 
-from conftest import ScriptedDrafter, tiny_draft, tiny_target
+from conftest import ScriptedDrafter, random_prompts, tiny_draft, tiny_target
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=0.95, seed=77)
 PROMPT_LENGTHS = [4, 11, 2, 7]
@@ -26,8 +25,7 @@ K = 6
 @pytest.fixture(scope="module")
 def setup():
     target = tiny_target("llama")
-    generator = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 90, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+    prompts = random_prompts(PROMPT_LENGTHS, seed=3)
     alone = [coupled(target, None, [p], seed=SAMPLING.seed + i, max_new=MAX_NEW + K)[0]
              for i, p in enumerate(prompts)]  # row i of a batch seeded s is seeded s + i
     return target, prompts, [p + a for p, a in zip(prompts, alone)]
