@@ -68,6 +68,22 @@ def test_a_joining_sampled_row_draws_what_it_draws_alone():
     assert got[2] == alone.tokens, "a seeded row must draw the same tokens when it joins a running batch"
 
 
+def test_joining_coupled_rows_draw_the_target_alone_samples_of_their_seeds():
+    """Coupled rows joining adaptive trees with lookups: every row, first or joining, is the target-alone sample
+    of its own seed (its noise is keyed by its seed and positions, whoever shares the batch)."""
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=0)
+    later = [(p, b, seed) for p, b, seed in zip(LATER, [12, 20, 7], [31, 32, 33])]
+    got, _ = run_with_admissions(target, draft, [30, 10], later, after=3, block_size=4,
+                                 selector=Selector(params, seeds=[21, 22], coupled=True),
+                                 adaptive=make_policy(4, True, tree=True), lookup=PromptLookup(4), tree=True)
+    for row, (prompt, budget, seed) in enumerate(zip(FIRST + LATER, [30, 10, 12, 20, 7], [21, 22, 31, 32, 33])):
+        alone = generate(target, None, [prompt], max_new_tokens=budget, stop_token_ids=[],
+                         selector=Selector(params, seeds=[seed], coupled=True))[0]
+        assert got[row] == alone.tokens, f"row {row} is not the target-alone sample of its seed {seed}"
+
+
 @pytest.mark.parametrize("with_draft", [False, True])
 def test_rows_can_join_after_every_row_has_finished(with_draft):
     target = tiny_target("llama")

@@ -143,7 +143,10 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
         drafter.append_context(state.pending, state.pending_counts)
         slots = drafter.block_size - 1 if graft > 0 and B > 1 else min(drafter.block_size - 1, width - 1)
         ahead = s[:, None] + 1 + torch.arange(slots, device=s.device)  # [B, n]: the slots' positions
-        score = lambda logits, ids, vocab: selector.draft_scores(logits, ids, vocab, ahead, state.row_ids)  # noqa: E731
+
+        def score(logits, ids, vocab_size):  # coupled sampling ranks the candidates under their positions' noise
+            return selector.draft_scores(logits, ids, vocab_size, ahead, state.row_ids)
+
         candidates = drafter.propose_top(anchors, s, slots, TOP_K, score)  # scores, tokens [B, n, k]
         size = min(width, max_nodes(slots, TOP_K))
     tree, run_nodes = build_grafted_tree(anchors, candidates, size, *runs)  # run_nodes [B, graft]
