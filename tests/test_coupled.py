@@ -101,3 +101,19 @@ def test_an_unknown_sampler_is_refused_with_the_known_ones(setup):
     target, prompts, _ = setup
     with pytest.raises(InputError, match="`sampler` must be one of auto, coupled, rejection"):
         api.generate(target, None, prompts[0], max_new_tokens=4, sampling=SAMPLING, sampler="gumbel")
+
+
+def test_a_proposal_vocabulary_ranks_its_ids_under_their_own_noise():
+    """The draft scoring only the ids of a proposal vocabulary must see each id's own noise: its ranking is the
+    full-vocabulary ranking restricted to those ids (a wrong gather would still be exact, only worse guesses)."""
+    import torch
+
+    selector = Selector(SamplingParams(temperature=0.8, seed=3), 1, coupled=True)
+    V, ids = 50, torch.tensor([4, 9, 17, 30, 41])
+    logits = torch.randn(1, 2, V, generator=torch.Generator().manual_seed(0))  # [B, n, V]
+    rows, positions = torch.tensor([0]), torch.tensor([[5, 6]])
+    full = selector.draft_scores(logits, None, V, positions, rows)  # [1, 2, V]
+    part = selector.draft_scores(logits[..., ids], ids, V, positions, rows)  # [1, 2, 5]
+    assert torch.equal(full[..., ids].argsort(dim=-1), part.argsort(dim=-1))
+    noise = selector.noise(rows, positions, V)
+    assert torch.equal(full.argmax(-1), (logits / 0.8 + noise).argmax(-1)), "the top candidate: argmax(log q + g)"
