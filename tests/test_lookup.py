@@ -168,9 +168,9 @@ def test_a_batched_graft_onto_a_plain_step_does_not_time_plain_steps():
     policy.observe(1, [0, 0], 0.010)
     tree, run_nodes = build_grafted_tree(torch.tensor([5, 6]), None, 1, torch.tensor([[7], [8]]), torch.tensor([1, 1]))
     ok = torch.ones(2, tree.size, dtype=torch.bool)
-    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), True, 0.050, drafted=True)
+    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), 0.050, drafted=True)
     assert policy.seconds[1] == 0.010, "a drafted step's 50 ms must not stand for a plain step's time"
-    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), True, 0.012, drafted=False)
+    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), 0.012, drafted=False)
     assert policy.measurements[1] == 2, "one row's graft onto a plain step drafts nothing: it times width 1"
 
 

@@ -73,3 +73,38 @@ def test_a_guess_with_all_the_mass_is_always_accepted():
     uniforms = torch.full((1, 2), 0.999999)
     ok, final = tree_sample_from_uniforms(p, torch.tensor([[0, 3]]), torch.tensor([[-1, 0]]), uniforms)
     assert ok.tolist() == [[True, True]] and final.tolist() == [1]
+
+
+def test_a_wide_trees_first_w_nodes_accept_as_the_tree_of_w_nodes_does():
+    """The width policy reads what a narrower tree would have accepted off a wider tree's walk (its first w nodes):
+    under sampling that holds in distribution, since each node tries its children in tree order and a narrower
+    tree holds a prefix of them. Mean accepted depths of the two agree for every w; reading the whole wide tree
+    instead (a wrong estimate) does not."""
+    from blockdraft.decode.tree import Tree, accepted_depth
+
+    # Anchor 0; depth 1: nodes 1, 2, 4 (guesses 2, 0, 3); node 3 (guess 4) under node 1; node 5 (guess 1) under 3.
+    tokens = torch.tensor([[9, 2, 0, 4, 3, 1]])
+    parents = torch.tensor([[-1, 0, 0, 1, 0, 3]])
+    depths = torch.tensor([[0, 1, 1, 2, 1, 3]])
+    p = torch.tensor([[[0.1, 0.2, 0.4, 0.2, 0.1], [0.3, 0.3, 0.1, 0.1, 0.2], [0.2, 0.2, 0.2, 0.2, 0.2],
+                       [0.1, 0.5, 0.0, 0.0, 0.4], [0.2, 0.2, 0.2, 0.2, 0.2], [0.2, 0.2, 0.2, 0.2, 0.2]]],
+                     dtype=torch.float64)
+    B, N = 8000, tokens.shape[1]
+
+    def walk(n: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        ok, _ = tree_sample(p[:, :n].expand(B, -1, -1), tokens[:, :n].expand(B, -1), parents[:, :n].expand(B, -1), g)
+        return ok, Tree(tokens[:, :n].expand(B, -1), parents[:, :n].expand(B, -1), depths[:, :n].expand(B, -1))
+
+    ok, tree = walk(N, seed=1)
+    for w in range(2, N):
+        read = accepted_depth(tree, ok, w).double()  # [B]
+        narrow_ok, narrow = walk(w, seed=100 + w)
+        direct = accepted_depth(narrow, narrow_ok).double()
+        error = 4 * float((read.var() / B + direct.var() / B).sqrt())
+        assert abs(float(read.mean() - direct.mean())) < error, (
+            f"the first {w} nodes of a wide tree accept {float(read.mean()):.3f} deep on average, a tree of {w} "
+            f"nodes {float(direct.mean()):.3f}: the width policy would learn a biased acceptance")
+    whole = accepted_depth(tree, ok).double()
+    narrow_ok, narrow = walk(3, seed=7)
+    assert abs(float(whole.mean() - accepted_depth(narrow, narrow_ok).double().mean())) > 0.05, "the test has no power"

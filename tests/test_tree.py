@@ -276,6 +276,26 @@ def test_tree_width_learns_from_what_narrower_trees_would_have_accepted():
     assert all(a <= b for a, b in zip(gains, gains[1:])), "more nodes never expect fewer tokens"
 
 
+@pytest.mark.parametrize("coupled", [False, True], ids=["rejection", "coupled"])
+def test_a_sampled_tree_step_tells_what_narrower_trees_would_have_accepted(coupled):
+    """Sampled trees inform the width policy as greedy ones do (exactly when coupled, in distribution under
+    rejection sampling: test_sampling_tree.py), so it need not time every width on its own to learn it."""
+    from blockdraft.decode.selection import Selector
+    from blockdraft.sampling import SamplingParams
+
+    target = tiny_target("llama")
+    policy = make_policy(4, True, tree=True)
+    seen = []
+    policy.choose = lambda: 8
+    observe = policy.observe
+    policy.observe = lambda width, accepted, seconds, within=None: (seen.append(sorted(within or {})),
+                                                                    observe(width, accepted, seconds, within))
+    selector = Selector(SamplingParams(temperature=1.0, seed=3), len(PROMPTS), coupled=coupled)
+    generate(target, tiny_draft(target, block_size=4), PROMPTS, max_new_tokens=12, stop_token_ids=[],
+             selector=selector, tree=True, adaptive=policy)
+    assert seen and all(widths == [2, 4, 8] for widths in seen), seen
+
+
 @pytest.mark.parametrize("vocab", [None, [0, 3, 5, 8, 13, 21, 34, 40]], ids=["full", "proposal-vocab"])
 def test_a_drafts_tree_candidates_are_the_top_of_its_distribution(vocab):
     """`propose_top` normalises over the proposal vocabulary only: the same log-probs as the full q, whose

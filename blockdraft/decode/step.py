@@ -169,8 +169,7 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
     seconds = time.perf_counter() - started
     if drafted and hasattr(policy, "observe_cost"):
         policy.observe_cost(N, seconds)
-    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], selector.deterministic, seconds,
-            drafted)
+    observe(policy, lookup, tree, ok, size, graft, run_nodes, runs[1], seconds, drafted)
 
     # 4. Roll back: the accepted path's K/V move to the slots of their positions; the rest lies past the length.
     P = path.shape[1]
@@ -188,7 +187,7 @@ def tree_step(state: DecodeState, target: Target, drafter: Drafter, selector: Se
 
 
 def observe(policy, lookup: PromptLookup | None, tree, ok: torch.Tensor, size: int, graft: int,
-            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, deterministic: bool, seconds: float,
+            run_nodes: torch.Tensor, run_lengths: torch.Tensor | None, seconds: float,
             drafted: bool = True) -> None:
     """Tell each source's policy what its part of a tree step accepted, as if verified alone: the draft's first
     `size` nodes (timed without the grafted nodes' estimated cost) and the grafted runs.
@@ -200,7 +199,10 @@ def observe(policy, lookup: PromptLookup | None, tree, ok: torch.Tensor, size: i
         cost = policy.seconds_per_position() if extra and hasattr(policy, "seconds_per_position") else None
         seconds_alone = max(seconds - extra * cost, seconds / 2) if cost is not None else seconds
         accepted = accepted_depth(tree, ok, size).tolist()
-        if isinstance(policy, TreeWidth) and deterministic:  # what each narrower tree would have accepted
+        # What each narrower tree would have accepted: its first w nodes. Exact when greedy or coupled; under
+        # rejection sampling equal in distribution, since a node's children are tried in tree order and a
+        # narrower tree holds a prefix of them (sampling/tree.py; test_sampling_tree.py checks the means).
+        if isinstance(policy, TreeWidth):
             within = {w: accepted_depth(tree, ok, w).tolist() for w in policy.widths if 1 < w <= size}
             policy.observe(size, accepted, seconds_alone, within=within)
         else:
