@@ -105,8 +105,11 @@ def test_an_unknown_sampler_is_refused_with_the_known_ones(setup):
 
 def test_a_proposal_vocabulary_ranks_its_ids_under_their_own_noise():
     """The draft scoring only the ids of a proposal vocabulary must see each id's own noise: its ranking is the
-    full-vocabulary ranking restricted to those ids (a wrong gather would still be exact, only worse guesses)."""
+    full-vocabulary ranking restricted to those ids (a wrong gather would still be exact, only worse guesses).
+    The noise enters the ranking (at weight RANK_NOISE), so the top candidate follows it."""
     import torch
+
+    from blockdraft.decode.selection import RANK_NOISE
 
     selector = Selector(SamplingParams(temperature=0.8, seed=3), 1, coupled=True)
     V, ids = 50, torch.tensor([4, 9, 17, 30, 41])
@@ -116,4 +119,5 @@ def test_a_proposal_vocabulary_ranks_its_ids_under_their_own_noise():
     part = selector.draft_scores(logits[..., ids], ids, V, positions, rows)  # [1, 2, 5]
     assert torch.equal(full[..., ids].argsort(dim=-1), part.argsort(dim=-1))
     noise = selector.noise(rows, positions, V)
-    assert torch.equal(full.argmax(-1), (logits / 0.8 + noise).argmax(-1)), "the top candidate: argmax(log q + g)"
+    expected = (logits / 0.8 + RANK_NOISE * noise).argmax(-1)
+    assert torch.equal(full.argmax(-1), expected), "the top candidate must be argmax(log q + RANK_NOISE * g)"
