@@ -121,3 +121,24 @@ def test_a_proposal_vocabulary_ranks_its_ids_under_their_own_noise():
     noise = selector.noise(rows, positions, V)
     expected = (logits / 0.8 + RANK_NOISE * noise).argmax(-1)
     assert torch.equal(full.argmax(-1), expected), "the top candidate must be argmax(log q + RANK_NOISE * g)"
+
+
+def test_a_finished_rows_noise_is_freed(setup):
+    """Rows that finish stop being asked for noise, and what was cached for them is freed: a server batch that
+    keeps admitting requests would otherwise keep a few MB per finished row for its whole life."""
+    target, prompts, _ = setup
+    selector = Selector(SAMPLING, 2, coupled=True)
+    generate(target, tiny_draft(target, block_size=K), prompts[:2], max_new_tokens=[3, 30], block_size=K,
+             stop_token_ids=[], selector=selector, tree=True)
+    assert not selector._noise[0], "the row that finished first still holds its noise"
+    assert selector._noise[1], "the last live row's noise is kept (it is freed with the selector)"
+
+
+def test_coupled_selection_without_positions_is_refused():
+    import torch
+
+    from blockdraft.errors import InputError
+
+    selector = Selector(SAMPLING, 1, coupled=True)
+    with pytest.raises(InputError, match="positions"):
+        selector.accept(torch.zeros(1, 2, 8), None, torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))

@@ -67,6 +67,7 @@ class Selector:
         self.row_seeds: list[int] = []
         self.generators: list[torch.Generator] = []
         self._noise: list[dict[int, torch.Tensor]] = []  # per row: position -> its noise [V] (coupled only)
+        self._noised: set[int] = set()  # rows whose noise is cached
         if not self.params.greedy:
             # Not torch.seed(): it re-seeds torch's global generator, undoing the caller's torch.manual_seed.
             self.base = self.params.seed if self.params.seed is not None else secrets.randbits(63)
@@ -74,8 +75,8 @@ class Selector:
 
     @property
     def deterministic(self) -> bool:
-        """Whether the target's pick is a function of its logits and the position (greedy or coupled): what a
-        narrower tree would have accepted can then be read off a wider one (policy.py)."""
+        """Whether the target's pick is a function of its logits and the position (greedy or coupled): guesses are
+        then accepted by equality with it, and a fixed guess needs no q."""
         return self.params.greedy or self.coupled
 
     def add_rows(self, seeds: list[int | None]) -> None:
@@ -94,8 +95,15 @@ class Selector:
 
         Each (row, position) is drawn once and kept until a later call asks only for positions past it: a step
         asks for the positions after its anchor, and the next step's anchor lies at or past the first of them.
+        Every step asks for every live row, so a row missing from a call has finished: its noise is freed (a server
+        batch that keeps admitting rows would otherwise keep a few MB per finished row).
         """
+        if positions is None:
+            raise InputError("coupled sampling needs the positions of the tokens it picks; pass `positions`")
         rows = self._row_list(row_ids)
+        for finished in self._noised.difference(rows):
+            self._noise[finished].clear()
+        self._noised = set(rows)
         out = []
         for row, wanted in zip(rows, positions.tolist()):
             cache = self._noise[row]

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from ..decode.generate import Admission, as_drafter, stream
 from ..decode.lookup import PromptLookup
 from ..decode.policy import make_policy
-from ..decode.selection import Selector
+from ..decode.selection import Selector, is_coupled
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
 from .prometheus import ServerMetrics
@@ -224,7 +224,7 @@ class Worker:
         # A user's seed samples coupled (sampling/gumbel.py): the request gets the target-alone sample of its seed,
         # whatever it is batched with; unseeded samples draw by rejection, at widths that adapt.
         selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch],
-                            coupled=not group.greedy and not adapts)
+                            coupled=is_coupled("auto", group.greedy, seeded=not adapts))
         policy, lookup = (self.policy, self.lookup) if group.greedy else (self.sampled_policy, self.sampled_lookup)
 
         def admit(room: int) -> list[Admission]:  # queued requests joining as rows free up; `batch` grows
