@@ -106,7 +106,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     """
     # [..., V]
     if params.greedy:
-        logits = _checked(logits)
+        logits, _ = _checked(logits)
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     probs = torch.softmax(scaled_logits(logits, params), dim=-1)  # [..., V]
     if params.top_p < 1.0:
@@ -120,23 +120,25 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 def scaled_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(logits - max) / temperature float32 [..., V], -inf outside the top_k: log p up to a constant per row
     when top_p and min_p are off (`logits_to_probs` applies those to its softmax). Checks the logits."""
-    logits = _checked(logits)
+    logits, row_max = _checked(logits)
     # Subtracting the max first keeps every value <= 0, so a tiny temperature cannot overflow to +inf (NaN).
-    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature  # [..., V]
+    scaled = (logits - row_max) / params.temperature  # [..., V]
     if 0 < params.top_k < logits.shape[-1]:
         kth = scaled.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
     return scaled
 
 
-def _checked(logits: torch.Tensor) -> torch.Tensor:
-    """logits [..., V] as float32, after refusing an empty vocabulary, NaN, +inf and all -inf rows."""
+def _checked(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] as float32 and their row max [..., 1], after refusing an empty vocabulary, NaN, +inf and
+    all -inf rows (the max shows all three, and the caller reuses it)."""
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise InputError(f"logits must have shape [..., V] with V >= 1, got {list(logits.shape)}; "
                          "pass the model's output scores over the vocabulary")
     logits = logits.float()
-    _check_logits(logits, logits.amax(dim=-1, keepdim=True))
-    return logits
+    row_max = logits.amax(dim=-1, keepdim=True)  # [..., 1]
+    _check_logits(logits, row_max)
+    return logits, row_max
 
 
 def draw_uniforms(generator: Generators, shape: tuple[int, ...], device: torch.device | str | None = None
