@@ -7,7 +7,8 @@ import math
 import torch
 
 from blockdraft.decode.drafter import Drafter
-from blockdraft.model.layers import apply_rope, attention_bias, grouped_attention, linear_rows, rope_cos_sin
+from blockdraft.model.layers import (apply_rope, attention_bias, grouped_attention, linear_rows, rope_cos_sin,
+                                     rope_inv_freq)
 
 from conftest import tiny_draft, tiny_target
 
@@ -90,6 +91,16 @@ def test_kv_injection_equals_explicit_concatenation():
     cos, sin = rope_cos_sin(draft.inv_freq, block_pos, x.dtype)
     got = layer.self_attn(x_normed, cos, sin, ctx_k, ctx_v, torch.ones(B, Q, T + Q, dtype=torch.bool))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_frequencies_stay_float32_when_the_draft_is_cast():
+    # Training runs the frequencies in float32; a bf16 copy (what `.to(bfloat16)` would make of a plain buffer)
+    # turns every position by a slightly different angle than the draft learnt.
+    draft = tiny_draft(tiny_target()).to(torch.bfloat16)
+    cfg = draft.config
+    assert draft.fc.weight.dtype == torch.bfloat16
+    assert draft.inv_freq.dtype == torch.float32
+    assert torch.equal(draft.inv_freq, rope_inv_freq(cfg.head_dim, cfg.rope_theta))
 
 
 def test_block_attention_is_non_causal():
