@@ -20,6 +20,7 @@ from safetensors import safe_open
 from blockdraft.api import load_draft
 from blockdraft.decode.generate import generate
 from blockdraft.errors import ConfigError, InputError
+from blockdraft.train.ranks import rank_device
 from blockdraft.model.target import Target
 from blockdraft.train.trainer import TrainConfig, train
 
@@ -99,6 +100,19 @@ def test_refuses_bad_settings(tmp_path):
     with pytest.raises(ConfigError, match="gamma"):
         config(tmp_path, block_size=12)  # no published gamma for K=12
     assert config(tmp_path, block_size=12, gamma=6.0).loss_gamma == 6.0
+    with pytest.raises(ConfigError, match="float16 needs loss scaling"):
+        config(tmp_path, dtype="float16")
+
+
+def test_each_torchrun_rank_trains_on_its_own_gpu():
+    single = {"WORLD_SIZE": "1"}
+    assert rank_device("cuda", single) == "cuda" and rank_device("cuda:1", {}) == "cuda:1"
+    assert rank_device("cpu", {"WORLD_SIZE": "4", "LOCAL_RANK": "2"}) == "cpu"
+    assert rank_device("cuda", {"WORLD_SIZE": "4", "LOCAL_RANK": "2"}) == "cuda:2"
+    with pytest.raises(ConfigError, match="all 4 torchrun ranks on one GPU; pass --device cuda"):
+        rank_device("cuda:0", {"WORLD_SIZE": "4", "LOCAL_RANK": "2"})
+    with pytest.raises(ConfigError, match="LOCAL_RANK is not set"):
+        rank_device("cuda", {"WORLD_SIZE": "4"})
 
 
 def test_refuses_untied_head_of_a_tied_target(tmp_path):

@@ -54,6 +54,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    import torch
+
+    from ..train.ranks import rank_device
     from ..train.trainer import TrainConfig, train
 
     if args.kd_weight is not None and args.loss != "kd":
@@ -70,6 +73,9 @@ def run(args) -> int:
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,
     )
-    target = load_target(args.target, dtype=parse_dtype(args.target_dtype, args.device), device=args.device)
+    device = rank_device(args.device)
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(device)  # collectives and barriers of this rank run on its own GPU
+    target = load_target(args.target, dtype=parse_dtype(args.target_dtype, device), device=device)
     print(f"draft written to {train(target, cfg)}")
     return 0

@@ -12,6 +12,24 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
+
+
+def rank_device(device: str, environ=os.environ) -> str:
+    """The device this process trains on: under a multi-process torchrun job `cuda` becomes cuda:LOCAL_RANK
+    (torchrun gives every rank the same arguments, so one GPU named for all of them would be shared); otherwise
+    `device` as given."""
+    world = int(environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or not str(device).startswith("cuda"):
+        return device
+    if device != "cuda":
+        raise ConfigError(f"--device {device} would put all {world} torchrun ranks on one GPU; pass --device cuda "
+                          "and each rank takes its own, cuda:LOCAL_RANK")
+    if "LOCAL_RANK" not in environ:
+        raise ConfigError(f"WORLD_SIZE is {world} but LOCAL_RANK is not set; start multi-process training with "
+                          "torchrun --nproc_per_node N")
+    return f"cuda:{int(environ['LOCAL_RANK'])}"
+
 
 @dataclass
 class Ranks:

@@ -76,7 +76,8 @@ class TrainConfig:
                   ("weighting", self.weighting in ("decay", "dpace"), "decay or dpace"),
                   ("dpace_alpha", 0 <= self.dpace_alpha <= 1, "in [0, 1]"),
                   ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
-                  ("dtype", self.dtype in ("bfloat16", "float16", "float32"), "bfloat16, float16 or float32")]
+                  # float16 autocast would need loss scaling against gradient underflow, which the trainer does not do
+                  ("dtype", self.dtype in ("bfloat16", "float32"), "bfloat16 or float32 (float16 needs loss scaling)")]
         problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
         problems += _data_problems(self.data_dirs)
         if problems:
