@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from blockdraft.decode.drafter import Drafter
@@ -128,6 +129,30 @@ def test_features_are_hidden_states_at_id_plus_one():
     expected = torch.cat([hf.hidden_states[1], hf.hidden_states[3]], dim=-1)
     assert torch.equal(out.features, expected), "id j must be HF hidden_states[j + 1], the output of layer j"
     torch.testing.assert_close(out.logits, hf.logits.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_prefill_attends_causally_without_building_a_mask(monkeypatch):
+    # A prefill (every row at positions 0..T-1) takes SDPA's causal flag: the [B, g*T, T] mask of the general
+    # path grows with the square of the prompt. Its logits and K/V are those of the masked path, which a tree
+    # numbering (slots = positions, every node its own ancestor chain) still takes.
+    import blockdraft.model.target as target_module
+
+    target = tiny_target("qwen3", layers=3)
+    ids = torch.randint(0, 90, (2, 11))
+    positions = torch.arange(11).expand(2, 11)
+    rows = positions
+    masked_cache, causal_cache = target.new_cache(2, 16), target.new_cache(2, 16)
+    chain = torch.ones(11, 11, dtype=torch.bool).tril().expand(2, 11, 11)
+    masked = target.forward(ids, positions, masked_cache, (1,), logit_rows=rows, slots=positions, block_mask=chain)
+    built = []
+    monkeypatch.setattr(target_module, "_attention_mask", lambda *a: built.append(a) or pytest.fail("mask built"))
+    causal = target.forward(ids, positions, causal_cache, (1,), logit_rows=rows)
+    assert not built
+    torch.testing.assert_close(causal.logits, masked.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(causal.features, masked.features, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(causal_cache.read(2, 11), masked_cache.read(2, 11), atol=1e-5, rtol=1e-5)
+    hf = target.model(ids).logits.float()
+    torch.testing.assert_close(causal.logits, hf, atol=1e-5, rtol=1e-5)
 
 
 def test_last_layer_feature_is_post_norm_like_hf():

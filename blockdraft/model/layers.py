@@ -89,6 +89,16 @@ def grouped_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
     return F.scaled_dot_product_attention(folded, k, v, attn_mask=bias).reshape(B, H, Q, Dh)
 
 
+def causal_sdpa(q, k, v) -> torch.Tensor:
+    """Causal SDPA of q [B, H, T, Dh] over k/v [B, Hkv, T, Dh] of the same T positions (a prefill from slot 0)
+    -> [B, H, T, Dh]. No mask is built: `attention_bias` would hold [B, g*T, T], which grows with the square of
+    the prompt, and the fused kernels take a causal mask by flag. K/V heads are repeated (g-fold, linear in T)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)); names match Qwen3's `mlp.*` tensors."""
 

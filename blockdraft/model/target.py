@@ -16,10 +16,11 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from .layers import attention_bias, grouped_sdpa
+from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
+CAUSAL = "causal"  # the attention "bias" of a prefill from slot 0: causal by flag, no mask built
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Target:
     def _attention(self, layer, linear: dict, x, cos, sin, cache: KVCache, index: int, slots, span: int, bias,
                    start: int | None = None):
         """One attention block over its projections `linear`: write this call's K/V at `slots` [B, T], attend over
-        slots 0..span-1 as `bias` (layers.attention_bias) allows."""
+        slots 0..span-1 as `bias` (layers.attention_bias) allows, or causally when `bias` is CAUSAL."""
         attn = layer.self_attn
         B, T, _ = x.shape
         H, Hkv, Dh = self.heads, self.kv_heads, self.head_dim
@@ -148,7 +149,7 @@ class Target:
             k = k * c + _rotate_half(k) * s
         cache.write(index, k, v, slots, start)
         keys, values = cache.read(index, span)
-        out = grouped_sdpa(q, keys, values, bias)
+        out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
         return linear["o"](out.transpose(1, 2).reshape(B, T, -1))
 
     def _mlp(self, layer, linear: dict, x):
@@ -175,8 +176,12 @@ class Target:
         slot s+i, at position s+depth) and `block_mask` (its ancestors): a query then sees the slots before
         the row's first new slot, and the new tokens its mask allows.
         """
-        mask = _attention_mask(positions, slots, block_mask)  # [B, T, span]
-        bias = attention_bias(mask, self.heads // self.kv_heads, self.dtype)  # once for every layer
+        T = input_ids.shape[1]
+        if slots is None and block_mask is None and T > 1 and _from_slot_zero(positions):
+            bias, span = CAUSAL, T  # a prefill: no [B, T, T] mask
+        else:
+            mask = _attention_mask(positions, slots, block_mask)  # [B, T, span]
+            bias, span = attention_bias(mask, self.heads // self.kv_heads, self.dtype), mask.shape[-1]  # every layer's
         slots = positions if slots is None else slots
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
@@ -186,7 +191,7 @@ class Target:
         projections = self._projections(x)
         for index, (layer, linear) in enumerate(zip(self.layers, projections)):
             x = x + self._attention(layer, linear, layer.input_layernorm(x), cos, sin, cache, index, slots,
-                                    mask.shape[-1], bias, start)
+                                    span, bias, start)
             x = x + self._mlp(layer, linear, layer.post_attention_layernorm(x))
             if index in wanted:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
@@ -198,6 +203,11 @@ class Target:
             rows = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
             logits = self.logits(self.final_norm(rows))
         return TargetOutput(logits=logits, features=features)
+
+
+def _from_slot_zero(positions: torch.Tensor) -> bool:
+    """Whether every row of positions [B, T] is 0..T-1: a prefill, whose mask is plainly causal."""
+    return torch.equal(positions, torch.arange(positions.shape[1], device=positions.device).expand_as(positions))
 
 
 def _attention_mask(positions: torch.Tensor, slots: torch.Tensor | None, block_mask: torch.Tensor | None):
