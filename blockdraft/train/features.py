@@ -3,7 +3,8 @@
 The target is frozen, so every epoch recomputes the very same features F = hidden_states[l+1] of every
 sequence. With the cache the target runs once per sequence per run (per process: a resumed run refills
 it lazily); later epochs cost only the draft. Values are those of the first forward that saw the
-sequence, stored in the target's dtype, unpadded.
+sequence, stored in the target's dtype, unpadded, in host memory (a GPU target's memory stays the run's: the
+cache grows with the data, about 41 KB a token for an 8B target's three layers).
 
 Memory: L·D values per token (SmolLM2, L=2, bf16: 2.3 KB a token, 1 GB for ~450k tokens);
 `FeatureCache.nbytes` reports it.
@@ -42,10 +43,10 @@ class FeatureCache:
             fresh = target_features(self.target, tokens[missing, :width], self.tap_layer_ids)  # [M, W, L*D]
             self.forwards += 1
             for row, b in enumerate(missing):
-                self.store[indices[b]] = fresh[row, : lengths[b]].clone()
+                self.store[indices[b]] = fresh[row, : lengths[b]].to("cpu", copy=True)
         B, S = tokens.shape
         first = self.store[indices[0]]
-        out = first.new_zeros(B, S, first.shape[-1])
+        out = first.new_zeros(B, S, first.shape[-1])  # assembled on the host, moved once
         for b, i in enumerate(indices):
             out[b, : lengths[b]] = self.store[i]
-        return out
+        return out.to(self.target.device)
