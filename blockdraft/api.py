@@ -84,6 +84,8 @@ def _place(draft: DFlashDraftModel, target: Target | None) -> DFlashDraftModel:
     """On the target's device and dtype; its linears packed like the target's (model/packed.py) when it is."""
     if target is not None:
         draft = draft.to(device=target.device, dtype=target.dtype)
+        if getattr(draft, "draft_vocab", None) is not None:  # once: each request's head is looked up by it
+            draft.draft_vocab = draft.draft_vocab.to(target.device)
         if target.packed:
             pack_module(draft)
     return draft.eval()

@@ -37,7 +37,10 @@ class Drafter:
         self.cache: KVCache | None = None
         # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them; by default
         # the one loaded beside the draft. Each request adds its prompts' ids.
+        # The target keeps the head over it by the ids' storage (row_head): load_draft puts it on the target's
+        # device once, so every request of a GPU server finds the same head (`.to` here copies only when needed).
         self.vocab = getattr(draft, "draft_vocab", None) if vocab is None else vocab
+        self.vocab = None if self.vocab is None else self.vocab.to(target.device)
         self.active_ids: torch.Tensor | None = None  # [N'] this request's ids: the vocabulary's, then its prompts'
         self.extra_head = None  # rows [..., D] -> logits over the prompts' ids outside the vocabulary [..., E]
         self.head = None  # rows [..., D] -> their logits over active_ids [..., N'] (packed like the target's)
@@ -53,9 +56,8 @@ class Drafter:
     def start(self, batch: int, capacity: int, prompts: list[list[int]] | None = None) -> None:
         self.cache = self._new_cache(batch, capacity)
         if self.vocab is not None:
-            ids = self.vocab.to(self.target.device)
-            self.active_ids = ids  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
-            self.head = self.target.row_head(ids)  # built once per vocabulary
+            self.active_ids = self.vocab  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
+            self.head = self.target.row_head(self.vocab)  # built once per vocabulary
             self.extra_head = None
             self._add_prompt_ids(prompts or [])
 

@@ -110,10 +110,11 @@ class Selector:
             for old in [p for p in cache if p < min(wanted)]:  # committed positions are never asked for again
                 del cache[old]
             missing = sorted({p for p in wanted if p not in cache})
-            for p, values in zip(missing, gumbel_noise(self.row_seeds[row], missing, vocab_size)):
+            # Drawn on the CPU (the same numbers on any device), kept where the logits are: moved once, not per step.
+            for p, values in zip(missing, gumbel_noise(self.row_seeds[row], missing, vocab_size).to(positions.device)):
                 cache[p] = values
             out.append(torch.stack([cache[p] for p in wanted]))
-        return torch.stack(out).to(positions.device)  # [B, n, V]
+        return torch.stack(out)  # [B, n, V]
 
     def _scores(self, logits: torch.Tensor, positions: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
         """log p + g [B, n, V] for logits [B, n, V] at positions [B, n]."""
@@ -130,6 +131,13 @@ class Selector:
         noise = self.noise(row_ids, positions, vocab_size)  # [B, n, V]
         noise = noise if ids is None else noise[..., ids]
         return (perturbed_scores(logits, RANK_NOISE * noise, self.params) / RANK_TEMPERATURE).log_softmax(dim=-1)
+
+    def pick_scores(self, logits: torch.Tensor, row_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The scores [B, n, V] whose argmax is the target's pick of the tokens at positions [B, n], from its logits
+        [B, n, V]: the logits when greedy, log p + g when coupled (a deterministic selector only)."""
+        if not self.deterministic:
+            raise InputError("a rejection-sampling selector has no deterministic pick; use greedy or coupled")
+        return logits if self.params.greedy else self._scores(logits, positions, row_ids)
 
     def _row_list(self, row_ids: torch.Tensor) -> list[int]:
         rows = row_ids.tolist()
@@ -181,10 +189,8 @@ class Selector:
     def accept(self, target_logits, draft_probs, proposals, row_ids, positions=None):
         """Number of accepted proposals [B] and the target's own token at slot a [B] (bonus or replacement), from
         the target's logits [B, K, V] for the tokens at positions [B, K]."""
-        if self.params.greedy:
-            return greedy_step(target_logits, proposals)
-        if self.coupled:
-            return greedy_step(self._scores(target_logits, positions, row_ids), proposals)
+        if self.deterministic:
+            return greedy_step(self.pick_scores(target_logits, row_ids, positions), proposals)
         p = logits_to_probs(target_logits, self.params)  # [B, K, V]
         q = draft_probs if draft_probs is not None else p.new_zeros(p.shape[0], 0, p.shape[-1])
         num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids))
@@ -196,8 +202,7 @@ class Selector:
         token after the deepest [B]). Greedy: the nodes that equal the target's argmax at their parent; coupled:
         likewise over the perturbed scores; rejection sampling: point-mass tests (sampling/tree.py)."""
         if self.deterministic:
-            scores = target_logits if self.params.greedy else self._scores(target_logits, positions, row_ids)
-            target_tokens = scores.argmax(dim=-1)  # [B, N]
+            target_tokens = self.pick_scores(target_logits, row_ids, positions).argmax(dim=-1)  # [B, N]
             ok = accepted_nodes(tree, target_tokens)
             return ok, target_tokens.gather(1, deepest_node(ok)[:, None])[:, 0]
         p = logits_to_probs(target_logits, self.params)  # [B, N, V]
