@@ -39,6 +39,29 @@ def test_generate_compare_reports_identical_outputs_and_speedup(folders, capsys)
     assert "speedup" in out and "identical" in out and "K=8" in out and "float32" in out
 
 
+@pytest.mark.parametrize("dtype, code, words", [
+    ("float32", 1, "DIFFERENT in float32 beyond rounding at prompt 1, new token 3:"),
+    ("bfloat16", 0, "differ at prompt 1, new token 3:"),
+])
+def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(folders, capsys, monkeypatch, dtype,
+                                                                             code, words):
+    import blockdraft.commands.generate as command
+
+    original = command._run
+
+    def wrong_speculative(target, draft, ids, block, **kw):  # a decode that changes the fourth new token
+        tokens, rows, stats = original(target, draft, ids, block, **kw)
+        if draft is not None:
+            tokens[0][3] = (tokens[0][3] + 1) % target.lm_head.weight.shape[0]
+        return tokens, rows, stats
+
+    monkeypatch.setattr(command, "_run", wrong_speculative)
+    target, draft = folders
+    got, out, _ = run(capsys, "generate", "xyz", "--target", target, "--draft", draft, "--dtype", dtype,
+                      "--max-new-tokens", "8", "--compare")
+    assert got == code and words in out and "the target's margin" in out, out
+
+
 def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
     target, draft = folders
     code, out, _ = run(capsys, "generate", "hi", "--target", target, "--draft", draft, "--dtype", "float32",

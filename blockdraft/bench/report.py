@@ -129,7 +129,8 @@ def render(document: dict, console: Console) -> None:
         console.print(f"[yellow]note: {note}[/yellow]")
     if document["mismatches"]:
         console.print(f"[yellow]{len(document['mismatches'])} prompt(s) differ from ours-baseline "
-                      "(bf16 near-ties can flip; use --dtype float32 for a bit-exact check); see bench.json[/yellow]")
+                      "(bf16 near-ties can flip; --dtype float32 checks bit for bit on CPU, and `generate --compare` "
+                      "names a difference's margin); see bench.json[/yellow]")
 
 
 def _speed_table(document: dict) -> Table:
