@@ -24,6 +24,7 @@ from .decode.generate import GenerationResult
 from .decode.generate import generate as generate_ids
 from .decode.selection import Selector, is_coupled
 from .decode.vocab import read_vocab
+from .decode.window import ContextWindow
 from .errors import InputError
 from .io.checkpoint import read_checkpoint
 from .io.targets import EMBEDDED_HUB_ID
@@ -47,11 +48,19 @@ class Completion:
 
 
 def load_draft(path: str | Path | None = None, target: Target | None = None, *, strict: bool = False,
-               allow_last_layer: bool = False, full_vocab: bool = False) -> DFlashDraftModel:
+               allow_last_layer: bool = False, full_vocab: bool = False,
+               context_window: ContextWindow | None = None) -> DFlashDraftModel:
     """Load a draft folder (FORMAT.md), validated against `target` when given; None loads the shipped one.
 
     A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
-    still exact); `full_vocab=True` ignores it."""
+    still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and
+    latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all."""
+    draft = _load_draft(path, target, strict, allow_last_layer, full_vocab)
+    draft.context_window = context_window
+    return draft
+
+
+def _load_draft(path, target, strict: bool, allow_last_layer: bool, full_vocab: bool) -> DFlashDraftModel:
     folder = Path(path) if path is not None else DEFAULT_DRAFT
     if path is None and not (folder / "config.json").is_file():
         if target is None or target.name != EMBEDDED_HUB_ID:

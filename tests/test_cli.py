@@ -62,6 +62,21 @@ def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(fol
     assert got == code and words in out and "the target's margin" in out, out
 
 
+def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(folders, capsys, tmp_path):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
+                       "float32", "--max-new-tokens", "24", "--compare", "--draft-window", "3", "--draft-sinks", "1")
+    assert code == 0 and "identical" in out, out
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nabcabcabc\n")
+    code, out, _ = run(capsys, "bench", "--prompts", str(prompts), "--target", target, "--draft", draft, "--dtype",
+                       "float32", "--max-new-tokens", "4", "--methods", "blockdraft", "--draft-window", "8",
+                       "--out", str(tmp_path / "bench"))
+    assert code == 0 and "draft context: first 4 + latest 8 positions" in out, out
+    settings = json.loads((tmp_path / "bench" / "bench.json").read_text())["settings"]
+    assert settings["draft_window"] == {"window": 8, "sinks": 4}
+
+
 def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
     target, draft = folders
     code, out, _ = run(capsys, "generate", "hi", "--target", target, "--draft", draft, "--dtype", "float32",
@@ -132,6 +147,8 @@ def test_inspect_prints_the_config_and_validates(folders, capsys):
         (["--block-size", "99"], "block_size"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
+        (["--draft-window", "0"], "--draft-window"),
+        (["--draft-window", "64", "--draft-sinks", "-1"], "sink positions"),
     ],
 )
 def test_bad_input_exits_2_naming_the_parameter(folders, capsys, extra, word):

@@ -120,8 +120,11 @@ def render(document: dict, console: Console) -> None:
     s, hw = document["settings"], document["hardware"]
     console.print(f"[bold]{hw['device']}[/bold] | torch {hw['torch']} | transformers {hw['transformers']} | "
                   f"{document['date']}")
+    window = s.get("draft_window")
+    bounded = f" | draft context: first {window['sinks']} + latest {window['window']} positions" if window else ""
     console.print(f"dtype {s.get('dtype')} | prompts {s.get('prompt_set')} x{s['prompts']} | K={s['block_size']} "
-                  f"| N={s['max_new_tokens']} new tokens | batch {s['batch_size']} | {s['decoding']}, same stop tokens")
+                  f"| N={s['max_new_tokens']} new tokens | batch {s['batch_size']} | {s['decoding']}, same stop tokens"
+                  f"{bounded}")
     console.print(_speed_table(document))
     for name, acc in document["acceptance"].items():
         console.print(_acceptance_table(name, acc))

@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..io.targets import load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
-from .common import add_model_arguments, add_sampling_arguments
+from .common import add_model_arguments, add_sampling_arguments, context_window
 
 
 def add_arguments(parser) -> None:
@@ -51,6 +51,7 @@ def run(args) -> int:
         if value <= 0:
             raise InputError(f"`{flag}` must be a positive integer, got {value}")
     methods = choose_methods(args.methods)  # a misspelt method fails before anything loads
+    window = context_window(args)
     # Bad sampling parameters fail here too, with SamplingParams' message naming the parameter and the fix.
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed)
@@ -62,7 +63,7 @@ def run(args) -> int:
     stderr = Console(stderr=True, highlight=False)
     with stderr.status("loading target and draft"):
         target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
-        draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
+        draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
     if not getattr(draft, "trained", True):
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                      "(output is exact, acceptance is near 1)[/yellow]")
@@ -73,7 +74,8 @@ def run(args) -> int:
                              methods=methods, sampling=None if sampling.greedy else sampling,
                              coupled=args.sampler == "coupled" and not sampling.greedy)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
-               "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True)}
+               "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),
+               "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks}}
     draft_folder = _draft_folder(args.draft)
     return report(target, draft, ids, settings, args.out, prompt_ids=[f"{p.set}:{p.id}" for p in prompts],
                   context=context, draft_folder=draft_folder)

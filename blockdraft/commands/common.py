@@ -11,6 +11,18 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
+    parser.add_argument("--draft-window", type=int, default=None, metavar="W",
+                        help="bound the draft's context memory: keep the latest W positions and the first "
+                             "--draft-sinks (same output; acceptance may drop at contexts past W); default: all")
+    parser.add_argument("--draft-sinks", type=int, default=4, metavar="S",
+                        help="first positions the draft window always keeps (default 4)")
+
+
+def context_window(args):
+    """The draft context window the flags ask for (decode/window.py), or None for the whole context."""
+    from ..decode.window import ContextWindow
+
+    return None if args.draft_window is None else ContextWindow(args.draft_window, args.draft_sinks)
 
 
 def add_sampling_arguments(parser, description: str, seed_default: int | None, seed_help: str):

@@ -12,7 +12,7 @@ from ..api import encode, load_draft
 from ..hardware import describe
 from ..io.targets import load_target, parse_dtype
 from ..prompts import load_prompts
-from .common import add_model_arguments
+from .common import add_model_arguments, context_window
 
 
 def add_arguments(parser) -> None:
@@ -31,9 +31,10 @@ def run(args) -> int:
     from ..train.evaluate import evaluate_online
 
     sets = {name: load_prompts(name, limit=args.limit) for name in args.prompts.split(",") if name}
+    window = context_window(args)
     dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device)
-    draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
+    draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
     K = args.block_size or draft.config.block_size
     dtype_name = str(dtype).removeprefix("torch.")
     shape = f"token trees of {K} nodes" if args.tree else f"K={K}"

@@ -23,7 +23,7 @@ from ..metrics import AcceptanceStats
 from ..prompts.files import read_prompt_file
 from ..sampling import SamplingParams
 from ..textstream import TextStream
-from .common import add_model_arguments, add_sampling_arguments
+from .common import add_model_arguments, add_sampling_arguments, context_window
 
 console = Console(stderr=True, highlight=False)
 
@@ -68,12 +68,14 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     prompts = _read_prompts(args, DEFAULT_PROMPT)
     sampling = _sampling(args)  # bad values fail here, before minutes of loading
+    window = context_window(args)
     dtype = parse_dtype(args.dtype, args.device)
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=dtype, device=args.device)
-        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab)
+        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab,
+                                                          context_window=window)
     if draft is not None and not getattr(draft, "trained", True):
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")

@@ -7,7 +7,7 @@ import os
 from rich.console import Console
 
 from ..errors import ConfigError, InputError
-from .common import add_model_arguments
+from .common import add_model_arguments, context_window
 
 console = Console(stderr=True, highlight=False)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -41,12 +41,14 @@ def run(args) -> int:
 
     if not 0 < args.port < 65536:
         raise InputError(f"`--port` must be in 1..65535, got {args.port}; pick a free port such as 8000")
+    window = context_window(args)
     if args.host not in LOOPBACK and not args.api_key:
         console.print(f"[yellow]warning: binding {args.host} without --api-key: anyone who can reach this "
                       "address can use the model[/yellow]")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=args.dtype, device=args.device)
-        draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab)
+        draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab,
+                                                     context_window=window)
     if draft is not None and not getattr(draft, "trained", True):
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")

@@ -13,6 +13,7 @@ from ..model.packed import head_linear
 from ..model.target import Target
 from .tree import top_candidates
 from .vocab import prompt_only_ids, scatter_logits
+from .window import ContextWindow
 
 
 def padded_rows(counts: torch.Tensor, width: int) -> torch.Tensor:
@@ -29,12 +30,15 @@ class Drafter:
     """
 
     def __init__(self, draft: DFlashDraftModel, target: Target, block_size: int | None = None,
-                 vocab: torch.Tensor | None = None) -> None:
+                 vocab: torch.Tensor | None = None, window: ContextWindow | None = None) -> None:
         self.draft = draft
         self.target = target
         self.config = draft.config
         self.block_size = draft.config.block_size if block_size is None else block_size
         self.cache: KVCache | None = None
+        # Bounded context (window.py): by default the one load_draft set on the draft; None keeps every position.
+        self.window = getattr(draft, "context_window", None) if window is None else window
+        self.seen: torch.Tensor | None = None  # [B] context positions fed in so far (the cache keeps some of them)
         # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them; by default
         # the one loaded beside the draft. Each request adds its prompts' ids.
         # The target keeps the head over it by the ids' storage (row_head): load_draft puts it on the target's
@@ -55,6 +59,7 @@ class Drafter:
 
     def start(self, batch: int, capacity: int, prompts: list[list[int]] | None = None) -> None:
         self.cache = self._new_cache(batch, capacity)
+        self.seen = torch.zeros(batch, dtype=torch.long, device=self.target.device)
         if self.vocab is not None:
             self.active_ids = self.vocab  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
             self.head = self.target.row_head(self.vocab)  # built once per vocabulary
@@ -64,12 +69,15 @@ class Drafter:
     def add_rows(self, prompts: list[list[int]]) -> None:
         """Rows joining a running decode (their context comes as pending features, like any prompt's)."""
         self.cache.add_rows(self._new_cache(len(prompts), self.cache.capacity))
+        self.seen = torch.cat([self.seen, self.seen.new_zeros(len(prompts))])
         if self.vocab is not None:
             self._add_prompt_ids(prompts)
 
     def _new_cache(self, batch: int, capacity: int) -> KVCache:
+        """A context cache of `capacity` slots, or of the window's (a fixed size, whatever the context) when bounded."""
         cfg = self.config
-        return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
+        slots = capacity if self.window is None else self.window.capacity
+        return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, slots, cfg.head_dim,
                        self.target.dtype, self.target.device)
 
     def _add_prompt_ids(self, prompts: list[list[int]]) -> None:
@@ -85,20 +93,28 @@ class Drafter:
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
+        self.seen = self.seen[rows]
 
     def append_context(self, features: torch.Tensor, counts: torch.Tensor) -> None:
         """Feed pending features [B, P, L*D] (the first counts[b] rows of each row are real) into the cache.
 
-        Row b's pending features are positions lengths[b] .. lengths[b] + counts[b] - 1. Padding entries are
-        written to slots past the new length, where they stay masked until overwritten.
+        Row b's pending features are positions seen[b] .. seen[b] + counts[b] - 1. Padding entries are written to
+        slots past the new length, where they stay masked until overwritten. With a window (window.py) each
+        position goes to its ring slot, and what the window does not keep to a slot that is never read.
         """
-        start = self.cache.lengths  # [B]
+        start = self.seen  # [B]
         positions = start[:, None] + torch.arange(features.shape[1], device=features.device)  # [B, P]
-        positions = positions.clamp(max=self.cache.capacity - 1)
+        total = start + counts
+        if self.window is None:
+            slots, lengths = positions.clamp(max=self.cache.capacity - 1), total
+        else:
+            valid = padded_rows(counts, features.shape[1])
+            slots, lengths = self.window.slots(positions, valid, total), self.window.lengths(total)
         ctx = self.draft.project_context(features.to(self.target.dtype))  # [B, P, D]
         for layer, (k, v) in enumerate(self.draft.context_kv(ctx, positions)):
-            self.cache.write(layer, k, v, positions)
-        self.cache.crop_to(start + counts)
+            self.cache.write(layer, k, v, slots)
+        self.cache.crop_to(lengths)
+        self.seen = total
 
     def _logits(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None):
         """Draft logits float32 for block slots 1..n (n = `slots`, default K-1), given anchors [B] at positions
