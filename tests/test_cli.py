@@ -75,6 +75,9 @@ def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(folders
     assert code == 0 and "draft context: first 4 + latest 8 positions" in out, out
     settings = json.loads((tmp_path / "bench" / "bench.json").read_text())["settings"]
     assert settings["draft_window"] == {"window": 8, "sinks": 4}
+    code, out, _ = run(capsys, "eval", "--prompts", str(prompts), "--target", target, "--draft", draft, "--dtype",
+                       "float32", "--max-new-tokens", "4", "--draft-window", "8", "--draft-sinks", "2")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["draft_window"] == {"window": 8, "sinks": 2}, out
 
 
 def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):

@@ -38,7 +38,8 @@ def run(args) -> int:
     K = args.block_size or draft.config.block_size
     dtype_name = str(dtype).removeprefix("torch.")
     shape = f"token trees of {K} nodes" if args.tree else f"K={K}"
-    table = Table(title=f"online greedy tau, {shape}, max_new_tokens={args.max_new_tokens}, {dtype_name}")
+    bounded = "" if window is None else f", draft context: first {window.sinks} + latest {window.window} positions"
+    table = Table(title=f"online greedy tau, {shape}, max_new_tokens={args.max_new_tokens}, {dtype_name}{bounded}")
     for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):
         table.add_column(column)
     results = {}
@@ -55,7 +56,8 @@ def run(args) -> int:
         table.add_row(name, str(len(sets[name])), f"{stats.mean_tau:.3f}", str(stats.histogram), rates)
     Console().print(table)
     record = {"block_size": K, "tree": args.tree, "max_new_tokens": args.max_new_tokens, "chat_template": True,
-              "thinking": False,
+              "thinking": False, "draft_window": None if window is None else {"window": window.window,
+                                                                              "sinks": window.sinks},
               "hardware": describe(args.device, dtype), "results": {k: v.as_dict() for k, v in results.items()}}
     print(json.dumps(record))
     return 0
