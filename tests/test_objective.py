@@ -177,6 +177,41 @@ def test_all_invalid_gives_zero_loss_and_zero_grads(family):
         assert torch.equal(param.grad, torch.zeros_like(param)), f"{name} has a nonzero gradient from zero weight"
 
 
+@pytest.mark.parametrize("kd_weight", [0.0, 0.5])
+def test_recomputed_head_chunks_give_the_same_loss_and_gradients_in_a_chunks_memory(kd_weight):
+    # Kept logits cost rows x V floats (and as much again of log-softmax); recomputed ones a chunk's worth.
+    g = torch.Generator().manual_seed(2)
+    B, S, A, D, V = 2, 40, 6, 16, 4096
+    tokens = torch.randint(0, V, (B, S), generator=g)
+    mask = torch.ones(B, S, dtype=torch.long)
+    anchors, keep = sample_anchors(mask, A, g)
+    blocks = block_targets(tokens, mask, anchors, keep, 8, 4.0)
+    head = torch.randn(V, D, generator=g)
+    teacher = torch.randn(B, S, D, generator=g)
+    start = torch.randn(B, A * 8, D, generator=g)
+    results = {}
+    for recompute in (False, True):
+        hidden = start.clone().requires_grad_(True)
+        saved = []
+
+        def pack(tensor):
+            saved.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            total, hits = weighted_loss(hidden, head, blocks, chunk_rows=8, teacher=teacher, kd_weight=kd_weight,
+                                        recompute=recompute)
+        total.backward()
+        results[recompute] = (total.detach(), hits, hidden.grad, sum(saved))
+    (plain, plain_hits, plain_grad, plain_bytes), (again, again_hits, again_grad, again_bytes) = results.values()
+    torch.testing.assert_close(again, plain)
+    torch.testing.assert_close(again_grad, plain_grad)
+    assert torch.equal(again_hits, plain_hits)
+    rows = int((blocks.weights > 0).sum())
+    assert plain_bytes >= 2 * rows * V * 4, "kept: logits and log-softmax of every supervised row"
+    assert again_bytes < rows * V * 4 / 4, "recomputed: the chunks' inputs, not their logits"
+
+
 def _candidate_sets(mask):
     return [set(row.nonzero()[:, 0].tolist()) for row in anchor_candidates(mask)]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..decode.vocab import with_prompt_tokens
 from ..model.layers import AnchoredBlocks
@@ -153,8 +154,14 @@ def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = 0.5) -> 
     return valid * term.flip(-1).cumsum(-1).flip(-1)
 
 
+# Beyond this many bytes of float32 head activations kept for the backward pass, each chunk's logits are recomputed
+# in the backward pass instead of kept (`weighted_loss`): a 152k vocabulary over 30k supervised rows keeps 18 GB
+# of logits and as much again of log-softmax; a chunk recomputed costs one more head product.
+HEAD_MEMORY_BUDGET = 2**31
+
+
 def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, teacher=None, kd_weight: float = 0.0,
-                  dpace_alpha: float | None = None, vocab: torch.Tensor | None = None):
+                  dpace_alpha: float | None = None, vocab: torch.Tensor | None = None, recompute: bool | None = None):
     """Sum over supervised slots of w * loss, and which supervised slots the draft's argmax gets right.
 
     hidden [B, A*K, D], head_weight [V, D]. The per-slot loss is CE against the label, or with `teacher`
@@ -165,6 +172,8 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
     every supervised label) the head scores those ids only, as the decoder does with a proposal vocabulary:
     CE, KD (the teacher renormalised over them) and argmax are all over the N ids.
     Only rows with w > 0 reach the LM head (A*K*V logits per sequence would not fit otherwise), in chunks.
+    `recompute` (None: when the kept activations would pass HEAD_MEMORY_BUDGET) keeps only each chunk's input for
+    the backward pass and recomputes its logits there: the same loss and gradients, in a chunk's memory.
     Returns (weighted loss sum: a differentiable scalar, hits [B, A, K] bool: argmax == label on slots with
     w > 0, False elsewhere).
     """
@@ -185,21 +194,29 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
         B, S = teacher.shape[:2]
         where = teacher_positions(blocks) + torch.arange(B, device=teacher.device)[:, None, None] * S  # [B, A, K]
         t = teacher.reshape(B * S, -1)[where.reshape(-1)[rows]]  # [R, D]
+    def chunk(h_rows, labels, teacher_rows):  # -> per-row loss, CE and the draft's argmax, each [r]
+        logits = F.linear(h_rows, head_weight).float()  # [r, V] ([r, N] with vocab)
+        ce = F.cross_entropy(logits, labels, reduction="none")
+        loss = ce
+        if kd_weight > 0:
+            with torch.no_grad():
+                soft = F.linear(teacher_rows.to(head_weight.dtype), head_weight).float().softmax(-1)  # [r, V or N]
+            kd = F.cross_entropy(logits, soft, reduction="none")
+            loss = kd if kd_weight == 1 else (1 - kd_weight) * ce + kd_weight * kd
+        return loss, ce, logits.argmax(-1)
+
+    if recompute is None:  # logits and log-softmax kept per row, and the teacher's softmax under KD
+        kept = rows.shape[0] * head_weight.shape[0] * 4 * (3 if kd_weight > 0 else 2)
+        recompute = h.requires_grad and kept > HEAD_MEMORY_BUDGET
     losses, ces = [], []
     hits = torch.zeros(w.shape, dtype=torch.bool, device=hidden.device)
     for start in range(0, rows.shape[0], chunk_rows):
         sl = slice(start, start + chunk_rows)
-        logits = F.linear(h[sl], head_weight).float()  # [R, V] ([R, N] with vocab)
-        ce = F.cross_entropy(logits, y[sl], reduction="none")
-        loss = ce
-        if kd_weight > 0:
-            with torch.no_grad():
-                soft = F.linear(t[sl].to(head_weight.dtype), head_weight).float().softmax(-1)  # [R, V or N]
-            kd = F.cross_entropy(logits, soft, reduction="none")
-            loss = kd if kd_weight == 1 else (1 - kd_weight) * ce + kd_weight * kd
+        args = (h[sl], y[sl], t[sl] if kd_weight > 0 else None)
+        loss, ce, top = checkpoint(chunk, *args, use_reentrant=False) if recompute else chunk(*args)
         losses.append(loss)
         ces.append(ce.detach())
-        hits[rows[sl]] = logits.argmax(-1) == y[sl]
+        hits[rows[sl]] = top == y[sl]
     factor = w[rows]
     if dpace_alpha is not None and rows.numel():
         ce_slots = torch.zeros(w.shape, device=hidden.device).index_put((rows,), torch.cat(ces))
