@@ -110,7 +110,7 @@ def run(args) -> int:
             same = "identical"
         else:
             split = _split(target, ids, base_tokens, spec_tokens, sampling, coupled)
-            bug = exact and not is_rounding(split, dtype)
+            bug = exact and (split is None or not is_rounding(split, dtype))
             same = _describe_split(split, dtype, bug)
         modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "") + (", tree" if tree else "")
         print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{modes}, "
@@ -123,7 +123,7 @@ def run(args) -> int:
     return 0
 
 
-def _split(target, ids, base_tokens, spec_tokens, sampling: SamplingParams, coupled: bool) -> Split:
+def _split(target, ids, base_tokens, spec_tokens, sampling: SamplingParams, coupled: bool) -> Split | None:
     """Where the runs first differ and the target's margin there (decode/ties.py), scored as the target picks."""
     if sampling.greedy:
         return first_split(target, ids, base_tokens, spec_tokens)
@@ -136,7 +136,9 @@ def _split(target, ids, base_tokens, spec_tokens, sampling: SamplingParams, coup
     return first_split(target, ids, base_tokens, spec_tokens, pick_scores)
 
 
-def _describe_split(split: Split, dtype, bug: bool) -> str:
+def _describe_split(split: Split | None, dtype, bug: bool) -> str:
+    if split is None:  # equal where both ran, but one ran longer: a stop or budget handled differently
+        return "DIFFERENT in length only (a bug: please report it with this command)"
     where = (f"prompt {split.row + 1}, new token {split.index}: {split.base_token} alone, {split.other_token} "
              f"speculative, the target's margin {abs(split.margin):.3g}")
     if bug:
