@@ -110,7 +110,7 @@ def run(args) -> int:
             same = "identical"
         else:
             split = _split(target, ids, base_tokens, spec_tokens, sampling, coupled)
-            bug = exact and (split is None or not is_rounding(split, dtype))
+            bug = split is None or (exact and not is_rounding(split, dtype))
             same = _describe_split(split, dtype, bug)
         modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "") + (", tree" if tree else "")
         print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{modes}, "
