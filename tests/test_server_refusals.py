@@ -90,10 +90,31 @@ def test_body_over_the_limit_is_413(client):
     assert client.post(TEXT, content=chunks).status_code == 413
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'{"model": "tiny", "temperature": NaN}', b"\xff\xfe"])
+@pytest.mark.parametrize("raw", [
+    b"{not json", b"[1, 2]", b'{"model": "tiny", "temperature": NaN}', b"\xff\xfe",
+    b'{"model": ' + b"[" * 1900 + b"]" * 1900 + b"}",  # nested past the parser's recursion limit
+    b'{"model": "tiny", "prompt": "\\ud800 hi", "max_tokens": 3}',  # half a UTF-16 pair: no character
+    b'{"model": "x\\udfff", "prompt": "hi", "max_tokens": 3}',
+], ids=["syntax", "array", "nan", "bytes", "deep", "surrogate-prompt", "surrogate-model"])
 def test_malformed_json_is_400(client, raw):
     response = client.post(TEXT, content=raw, headers={"content-type": "application/json"})
-    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json", response.text
+
+
+def test_an_internal_error_answers_500_with_the_request_id(model, monkeypatch):
+    import blockdraft.server.app as app_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    target, draft = model
+    monkeypatch.setattr(app_module, "read_json", broken)
+    with TestClient(create_app(target, draft, model_id=MODEL), raise_server_exceptions=False) as plain:
+        response = plain.post(TEXT, json=text_body("hi"))
+    request_id = response.json()["error"].get("request_id") or response.json().get("request_id")
+    assert response.status_code == 500 and "RuntimeError" in response.json()["error"]["message"]
+    assert response.headers.get("x-request-id") and response.headers["x-request-id"] in response.text
+    assert request_id is None or request_id == response.headers["x-request-id"]
 
 
 def test_unknown_model_and_route_are_404(client):

@@ -203,7 +203,9 @@ async def unexpected_error(request: Request, error: Exception):
     # Starlette logs the traceback after this answer; the id in both ties the report to the log line.
     request_id = getattr(request.state, "request_id", "unknown")
     message = f"internal error ({type(error).__name__}); report request id {request_id}"
-    return JSONResponse(ApiError(500, message, code="internal_error").body(request_id), status_code=500)
+    # This handler runs outside the middleware that stamps every answer: stamp this one here.
+    return JSONResponse(ApiError(500, message, code="internal_error").body(request_id), status_code=500,
+                        headers={"x-request-id": request_id})
 
 
 async def read_json(request: Request, limit: int) -> dict:
@@ -227,6 +229,14 @@ async def read_json(request: Request, limit: int) -> dict:
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, f"the request body is not valid JSON ({error}); send one JSON object",
                        code="invalid_json") from error
+    except RecursionError as error:
+        raise ApiError(400, "the request body nests its JSON too deeply to read; send a flat request object",
+                       code="invalid_json") from error
+    try:  # JSON may escape half a UTF-16 pair (\ud800); no tokenizer or UTF-8 answer can carry it
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ApiError(400, "the request body holds a lone surrogate escape (\\ud800-\\udfff), which is not a "
+                       "character; send valid Unicode text", code="invalid_json") from error
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}; send {{...}}",
                        code="invalid_json")
