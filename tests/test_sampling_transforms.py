@@ -97,8 +97,15 @@ def test_masked_tokens_get_zero_probability():
     assert probs[0, 1] == 0 and abs(float(probs.sum()) - 1) < 1e-6
 
 
-def test_tiny_temperature_does_not_overflow():
-    probs = logits_to_probs(torch.tensor([[1.0, 2.0, 0.0]]), SamplingParams(temperature=1e-30))
+@pytest.mark.parametrize("temperature", [1e-30, 1e-46, 5e-324])  # the last two round to 0 in float32
+def test_tiny_temperature_does_not_overflow(temperature):
+    probs = logits_to_probs(torch.tensor([[1.0, 2.0, 0.0]]), SamplingParams(temperature=temperature))
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 1e-300])  # the last one rounds to 0 in float32
+def test_a_tiny_top_p_keeps_the_top_token(top_p):
+    probs = logits_to_probs(torch.tensor([[1.0, 2.0, 0.0]]), SamplingParams(temperature=0.7, top_p=top_p))
     assert probs.tolist() == [[0.0, 1.0, 0.0]]
 
 

@@ -93,7 +93,8 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     # smallest prefix reaching top_p, and always the top token (mass 0 before it). E.g. [.5, .3, .2], top_p .6:
     # before = [0, .5, .8] -> keep the first two.
     before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop = torch.empty_like(before, dtype=torch.bool).scatter_(-1, order, before >= top_p)
+    # `before > 0` keeps the top token even for a top_p that float32 rounds to 0 (1e-300 would drop it).
+    drop = torch.empty_like(before, dtype=torch.bool).scatter_(-1, order, (before >= top_p) & (before > 0))
     return probs.masked_fill(drop, 0.0)
 
 
@@ -121,8 +122,9 @@ def scaled_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(logits - max) / temperature float32 [..., V], -inf outside the top_k: log p up to a constant per row
     when top_p and min_p are off (`logits_to_probs` applies those to its softmax). Checks the logits."""
     logits, row_max = _checked(logits)
-    # Subtracting the max first keeps every value <= 0, so a tiny temperature cannot overflow to +inf (NaN).
-    scaled = (logits - row_max) / params.temperature  # [..., V]
+    # Subtracting the max first keeps every value <= 0, so a tiny temperature cannot overflow to +inf (NaN); one
+    # below float32's smallest normal would round to 0 and make the max 0/0: it divides as that smallest normal.
+    scaled = (logits - row_max) / max(params.temperature, torch.finfo(torch.float32).tiny)  # [..., V]
     if 0 < params.top_k < logits.shape[-1]:
         kth = scaled.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
