@@ -64,3 +64,55 @@ def test_resume_with_other_settings_is_refused(target, tmp_path):
     with pytest.raises(InputError, match="max_new_tokens.*new --out"):
         build(target, tmp_path, count=4, max_new_tokens=9)
     assert json.loads((tmp_path / "meta.json").read_text())["max_new_tokens"] == 6
+
+
+@pytest.mark.parametrize("name", ["count", "batch_size", "shard_size", "max_new_tokens"])
+def test_counts_below_one_are_refused_by_name(target, tmp_path, name):
+    # shard_size 0 wrote empty shards forever; count 0 regenerated every prompt.
+    with pytest.raises(InputError, match=f"`{name}` must be a whole number >= 1"):
+        build(target, tmp_path, **{"count": 4, name: 0})
+
+
+def test_an_empty_response_is_remembered_not_regenerated(target, tmp_path, monkeypatch):
+    from blockdraft.decode.generate import GenerationResult
+
+    generate = regenerate.generate
+
+    def first_one_empty(t, d, prompts, **kw):
+        results = generate(t, d, prompts, **kw)
+        return [GenerationResult([], "stop", r.stats) if ids == prompts_seen[0] else r
+                for ids, r in zip(prompts, results)]
+
+    prompts_seen = []
+    monkeypatch.setattr(regenerate, "generate",
+                        lambda t, d, prompts, **kw: (prompts_seen or prompts_seen.append(prompts[0]),
+                                                     first_one_empty(t, d, prompts, **kw))[1])
+    meta = build(target, tmp_path, count=4)
+    assert meta["skipped"]["empty_response"] == 1 and meta["examples"] == 3
+    asked = []
+    monkeypatch.setattr(regenerate, "generate", lambda t, d, prompts, **kw: (asked.extend(prompts),
+                                                                               generate(t, d, prompts, **kw))[1])
+    meta = build(target, tmp_path, count=4)
+    assert asked == [] and meta["skipped"]["empty_response"] == 1, "counted once, never regenerated"
+
+
+def test_a_shard_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    import blockdraft.train.data as data
+
+    data.write_shard(tmp_path / "data-00000.jsonl", [data.Example("a", [1, 2], [0, 1])])
+
+    def killed(source, destination):  # the process dies after writing, before the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        data.write_shard(tmp_path / "data-00000.jsonl", [data.Example("b", [3, 4, 5], [0, 1, 1])] * 3)
+    monkeypatch.undo()
+    assert [e.id for e in read_examples(tmp_path)] == ["a"], "the old shard stands; the new copy lies aside"
+
+
+@pytest.mark.parametrize("mask", [[0, 1.0], [0, True], [0, [1]]])
+def test_a_loss_mask_of_other_types_is_refused_by_line(tmp_path, mask):
+    (tmp_path / "data-00000.jsonl").write_text(json.dumps({"id": "x", "input_ids": [1, 2], "loss_mask": mask}) + "\n")
+    with pytest.raises(InputError, match="line 1: .*`loss_mask` only 0/1"):
+        read_examples(tmp_path)

@@ -9,6 +9,7 @@ template, the settings, and how many prompts were skipped and why.
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +63,18 @@ def make_example(example_id: str, prompt_ids: list[int], response: list[int]) ->
 
 
 def write_shard(path: Path, examples: list[Example]) -> None:
-    with open(path, "w") as handle:
-        for ex in examples:
-            handle.write(json.dumps({"id": ex.id, "input_ids": ex.input_ids, "loss_mask": ex.loss_mask}) + "\n")
+    """Written whole or not at all (a temporary file renamed into place): a killed run leaves no half shard."""
+    lines = "".join(json.dumps({"id": ex.id, "input_ids": ex.input_ids, "loss_mask": ex.loss_mask}) + "\n"
+                    for ex in examples)
+    write_atomically(path, lines)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`path` holds `text` afterwards, or (if the process dies first) what it held before; never a part."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def read_examples(folder: str | Path) -> list[Example]:
@@ -93,6 +103,7 @@ def _parse_line(file: Path, number: int, line: str) -> Example:
     ids, mask = record["input_ids"], record["loss_mask"]
     if not (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask) and ids):
         raise InputError(f"{where}: `input_ids` and `loss_mask` must be non-empty lists of equal length")
-    if not all(isinstance(t, int) and t >= 0 for t in ids) or not set(mask) <= {0, 1}:
+    # type(...) is int: a bool or a float 1.0 would pass an equality test and fail far from this line.
+    if not all(type(t) is int and t >= 0 for t in ids) or not all(type(m) is int and m in (0, 1) for m in mask):
         raise InputError(f"{where}: `input_ids` must be non-negative ints and `loss_mask` only 0/1")
     return Example(str(record["id"]), ids, mask)
