@@ -85,6 +85,35 @@ def test_refuses_out_of_range_layer_ids(tmp_path):
         train(tiny_target("llama"), config(tmp_path, target_layer_ids=(1, 6)))
 
 
+def test_a_metrics_line_cut_by_a_kill_does_not_block_resume(tmp_path):
+    write_data(tmp_path / "data", count=8)
+    common = dict(save_every=2, log_every=1, epochs=2)
+
+    def kill_after_three(step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(tiny_target("llama"), config(tmp_path, **common), on_step=kill_after_three)
+    log = tmp_path / "out" / "metrics.jsonl"
+    log.write_text(log.read_text() + '{"split": "train", "st')  # the kill cut the last record
+    train(tiny_target("llama"), config(tmp_path, **common))
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 4
+    log.write_text('{"split": "train", "step": 1}\nnot json\n{"split": "train", "step": 2}\n')
+    with pytest.raises(InputError, match="metrics.jsonl, line 2: not valid JSON"):
+        train(tiny_target("llama"), config(tmp_path, **common))
+
+
+@pytest.mark.parametrize("overrides", [{"max_seq_len": 4}, {}], ids=["all-truncated", "no-responses"])
+def test_data_that_keeps_no_anchor_is_refused_before_training(tmp_path, overrides):
+    # Every prompt is 3-6 tokens: cut at 4 tokens, or with no response supervised, no block can be trained.
+    write_data(tmp_path / "data", count=4, empty=() if overrides else (0, 1, 2, 3))
+    with pytest.raises(InputError, match="none of the 4 examples .* has two supervised tokens in a row"):
+        train(tiny_target("llama"), config(tmp_path, **overrides))
+    assert not (tmp_path / "out" / "draft").exists()
+
+
 def test_refuses_empty_data(tmp_path):
     (tmp_path / "data").mkdir()
     with pytest.raises(InputError, match="no data-"):

@@ -22,9 +22,17 @@ def check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
                           "set the training options to the draft's values")
 
 
-def check_data(examples: list[Example], draft_cfg: DraftConfig, where: str) -> None:
-    """Refuse a mask id that occurs in the data (TRAINING.md §5.6) and ids outside the embedding."""
+def check_data(examples: list[Example], draft_cfg: DraftConfig, where: str,
+               max_seq_len: int | None = None) -> str:
+    """Refuse a mask id that occurs in the data (TRAINING.md §5.6), ids outside the embedding and, given the run's
+    `max_seq_len`, data of which no example keeps an anchor (two supervised tokens in a row) once truncated: such a
+    run would step through all-zero losses and export an untrained draft. Returns a note on the examples that
+    truncation cuts or leaves without an anchor ("" when none)."""
+    truncated = anchorless = 0
     for example in examples:
+        mask = example.loss_mask if max_seq_len is None else example.loss_mask[:max_seq_len]
+        truncated += len(mask) < len(example.loss_mask)
+        anchorless += not any(a and b for a, b in zip(mask, mask[1:]))
         ids = set(example.input_ids)
         if draft_cfg.mask_token_id in ids:
             raise ConfigError(f"the mask token id {draft_cfg.mask_token_id} occurs in example {example.id!r} of "
@@ -34,3 +42,12 @@ def check_data(examples: list[Example], draft_cfg: DraftConfig, where: str) -> N
             raise InputError(f"example {example.id!r} of {where} has token id {max(ids)}, outside the target's "
                              f"{draft_cfg.vocab_size}-row embedding; the data was built with another tokenizer; "
                              "rebuild it with this target")
+    limit = "" if max_seq_len is None else f" within max_seq_len {max_seq_len}"
+    if examples and anchorless == len(examples):
+        raise InputError(f"none of the {len(examples)} examples of {where} has two supervised tokens in a row{limit} "
+                         f"({truncated} truncated), so no block could be trained; raise --max-seq-len, or rebuild "
+                         "the data with responses (loss_mask 1)")
+    if not truncated and not anchorless:
+        return ""
+    return (f"{truncated} of {len(examples)} examples are cut at max_seq_len {max_seq_len}; {anchorless} keep no "
+            "anchor and train nothing")

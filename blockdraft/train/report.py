@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..errors import InputError
+
 
 class MetricsLog:
     """Append-only `metrics.jsonl`; on resume, records past the checkpoint's step are dropped (they are redone)."""
@@ -19,14 +21,32 @@ class MetricsLog:
         self.path = path
         self.records: list[dict] = []
         if resume_step is not None and path.is_file():
-            lines = path.read_text(encoding="utf-8").splitlines()
-            self.records = [r for r in map(json.loads, filter(None, lines)) if r["step"] <= resume_step]
+            self.records = [r for r in _read_records(path) if r["step"] <= resume_step]
         path.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
 
     def write(self, record: dict) -> None:
         self.records.append(record)
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+
+
+def _read_records(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl; a last line cut off by a killed run is dropped (its step is redone)."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break  # written in part when the run was killed
+            raise InputError(f"{path}, line {number}: not valid JSON ({error.msg}); the run's log is damaged: "
+                             "delete that line, or resume into a new --out from RUN/checkpoint") from error
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise InputError(f"{path}, line {number}: not a metrics record (a JSON object with an integer `step`); "
+                             "delete that line")
+        records.append(record)
+    return records
 
 
 def plot_curves(records: list[dict], path: Path) -> None:

@@ -127,7 +127,9 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     freeze_target(target)
     examples, train_indices, val_indices = load_split(cfg.data_dirs, cfg.val_fraction, cfg.seed)
     draft_cfg, draft = _build_draft(target, cfg)
-    check_data(examples, draft_cfg, _folders(cfg))
+    note = check_data(examples, draft_cfg, _folders(cfg), cfg.max_seq_len)
+    if note and ranks.rank == 0:
+        print(f"note: {note}")
     forward = BlockForward(draft, target)
     if cfg.standardize_features:
         scale = _measure_scale(target, examples, train_indices, draft_cfg, cfg)
