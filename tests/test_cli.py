@@ -185,10 +185,15 @@ def test_vocab_writes_the_sidecar_from_data(tmp_path, capsys):
     write_shard(tmp_path / "other" / "data-00000.jsonl", [Example("b", [1, 7, 10_000], [0, 1, 1])])
     code, _, err = run(capsys, "vocab", str(tmp_path / "draft"), "--data", str(tmp_path / "other"))
     assert code == 2 and "another target" in err
+    (tmp_path / "prompts").mkdir()
+    write_shard(tmp_path / "prompts" / "data-00000.jsonl", [Example("c", [1, 7, 8], [0, 0, 0])])
+    code, _, err = run(capsys, "vocab", str(tmp_path / "draft"), "--data", str(tmp_path / "prompts"))
+    assert code == 2 and "hold no response tokens" in err, err  # an empty sidecar would be refused at load
 
 
 @pytest.mark.parametrize(("extra", "word"), [(["--kd-weight", "0.5"], "--loss kd"),
-                                             (["--loss", "kd", "--kd-weight", "2"], "kd_weight")])
+                                             (["--loss", "kd", "--kd-weight", "2"], "kd_weight"),
+                                             (["--target-layer-ids", "1,a"], "--target-layer-ids")])
 def test_train_refuses_bad_kd_settings(folders, capsys, tmp_path, extra, word):
     target, _ = folders
     code, _, err = run(capsys, "train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--target", target,

@@ -245,6 +245,9 @@ def test_sliding_layers_need_a_window_of_a_block():
     data.update(use_sliding_window=True, sliding_window=64)
     assert DraftConfig.from_dict(data).sliding_window == 64
     assert "`layer_types` has 3 entries" in refusal(tiny_dict(layer_types=["full_attention"] * 3))
+    derived = tiny_dict(use_sliding_window=True, max_window_layers="x", sliding_window=64)
+    del derived["layer_types"]  # derived from max_window_layers, as transformers does
+    assert "`max_window_layers` must be an integer" in refusal(derived)
 
 
 def test_heads_must_divide():

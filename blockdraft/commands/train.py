@@ -62,7 +62,11 @@ def run(args) -> int:
     if args.kd_weight is not None and args.loss != "kd":
         raise ConfigError("--kd-weight only applies with --loss kd; add --loss kd or drop --kd-weight")
     kd_weight = 0.0 if args.loss == "ce" else 1.0 if args.kd_weight is None else args.kd_weight
-    ids = tuple(int(i) for i in args.target_layer_ids.split(",")) if args.target_layer_ids else None
+    try:
+        ids = tuple(int(i) for i in args.target_layer_ids.split(",")) if args.target_layer_ids else None
+    except ValueError as error:
+        raise ConfigError(f"--target-layer-ids must be comma-separated layer numbers such as 1,9,17, got "
+                          f"{args.target_layer_ids!r}") from error
     cfg = TrainConfig(
         data_dirs=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
         gamma=args.gamma, anchors=args.anchors, max_seq_len=args.max_seq_len, lr=args.lr, epochs=args.epochs,

@@ -135,6 +135,9 @@ def _read_layer_types(data: dict, problems: list[str]) -> dict[str, Any]:
             return {}  # the missing/invalid layer count is reported on its own
         # Derived as transformers' Qwen3Config does: sliding from `max_window_layers` on, when enabled.
         start = data.get("max_window_layers", 28)
+        if use and not is_int(start):
+            problems.append(f"`max_window_layers` must be an integer, got {start!r}; fix config.json")
+            return {}
         types = ["sliding_attention" if use and i >= start else "full_attention" for i in range(count)]
     sliding = isinstance(types, (list, tuple)) and "sliding_attention" in types
     if sliding and use is not True:
