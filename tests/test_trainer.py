@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from blockdraft.api import load_draft
 from blockdraft.decode.generate import generate
-from blockdraft.errors import ConfigError, InputError
+from blockdraft.errors import CheckpointError, ConfigError, InputError
 from blockdraft.train.ranks import rank_device
 from blockdraft.model.target import Target
 from blockdraft.train.trainer import TrainConfig, train
@@ -112,6 +112,41 @@ def test_data_that_keeps_no_anchor_is_refused_before_training(tmp_path, override
     with pytest.raises(InputError, match="none of the 4 examples .* has two supervised tokens in a row"):
         train(tiny_target("llama"), config(tmp_path, **overrides))
     assert not (tmp_path / "out" / "draft").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated-state", "no-config", "wrong-shape", "missing-moment"])
+def test_a_damaged_checkpoint_is_refused_by_file_on_resume(tmp_path, damage):
+    from safetensors.torch import save_file
+
+    write_data(tmp_path / "data", count=8)
+    common = dict(save_every=2, log_every=1, epochs=2)
+
+    def kill_after_three(step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(tiny_target("llama"), config(tmp_path, **common), on_step=kill_after_three)
+    folder = tmp_path / "out" / "checkpoint"
+    state_file, json_file = folder / "trainer_state.safetensors", folder / "trainer_state.json"
+    moments = tensors(state_file)
+    if damage == "truncated-state":
+        state_file.write_bytes(state_file.read_bytes()[:100])
+    elif damage == "no-config":
+        state = json.loads(json_file.read_text())
+        del state["config"]
+        json_file.write_text(json.dumps(state))
+    else:
+        name = next(k for k in moments if k.endswith(".exp_avg"))
+        if damage == "wrong-shape":
+            moments[name] = torch.zeros(3)
+        else:
+            del moments[name]
+        save_file(moments, str(state_file))
+    wanted = {"truncated-state": "trainer_state.safetensors cannot be read", "no-config": "lacks \\['config'\\]",
+              "wrong-shape": "has exp_avg \\[3\\]", "missing-moment": "lacks \\['exp_avg'\\]"}[damage]
+    with pytest.raises(CheckpointError, match=wanted):
+        train(tiny_target("llama"), config(tmp_path, **common))
 
 
 def test_refuses_empty_data(tmp_path):

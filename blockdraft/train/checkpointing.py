@@ -68,7 +68,19 @@ def save_training_state(out: Path, cfg: DraftConfig, tensors: dict[str, torch.Te
 
 def read_training_state(folder: Path) -> dict:
     """The state json of a checkpoint: step, epoch, position, and the TrainConfig fields it was run with."""
-    return json.loads((folder / STATE_JSON).read_text(encoding="utf-8"))
+    file = folder / STATE_JSON
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{file} cannot be read ({error}); restore the checkpoint, or resume into a new "
+                              "out_dir with --init-from its draft") from error
+    fields = {"step": int, "epoch": int, "position": int, "config": dict}
+    wrong = [name for name, kind in fields.items()
+             if not isinstance(state, dict) or not isinstance(state.get(name), kind)]
+    if wrong:
+        raise CheckpointError(f"{file} lacks {wrong} (or holds them with other types); it was written by another "
+                              "program or damaged: restore the checkpoint, or use a new out_dir")
+    return state
 
 
 def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
@@ -80,8 +92,20 @@ def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
         raise CheckpointError(f"{folder}/config.json describes another draft than this run builds "
                               f"(saved {saved_cfg}, now {cfg}); resume with the same target, or use a new out_dir")
     draft.load_state_dict(tensors, strict=True)
-    optimizer.load_state_dict({"state": _unflatten_optimizer(folder / STATE_TENSORS, names),
-                               "param_groups": optimizer.state_dict()["param_groups"]})
+    state = _unflatten_optimizer(folder / STATE_TENSORS, names)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, param in enumerate(params):
+        slots = state.get(index, {})
+        if not state:
+            break  # no step taken yet: AdamW has no state to restore
+        missing = sorted({"exp_avg", "exp_avg_sq", "step"} - set(slots))
+        shapes = [f"{k} {list(slots[k].shape)}" for k in ("exp_avg", "exp_avg_sq")
+                  if k in slots and slots[k].shape != param.shape]
+        if missing or shapes:
+            raise CheckpointError(f"{folder / STATE_TENSORS}: the optimizer state of `{names[index]}` "
+                                  f"{'lacks ' + str(missing) if missing else 'has ' + ', '.join(shapes)} (the "
+                                  f"parameter is {list(param.shape)}); restore the checkpoint, or use a new out_dir")
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 def read_trained_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -105,11 +129,16 @@ def _flatten_optimizer(optimizer: torch.optim.Optimizer, names: list[str]) -> di
 def _unflatten_optimizer(file: Path, names: list[str]) -> dict[int, dict[str, torch.Tensor]]:
     index = {name: i for i, name in enumerate(names)}
     state: dict[int, dict[str, torch.Tensor]] = {}
-    with safe_open(str(file), framework="pt") as handle:
-        for key in handle.keys():
-            name, slot = key.rsplit(".", 1)
-            if name not in index:
-                raise CheckpointError(f"{file} holds optimizer state for `{name}`, which this draft does not "
-                                      "train; resume with the same draft configuration, or use a new out_dir")
-            state.setdefault(index[name], {})[slot] = handle.get_tensor(key)
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as error:  # a missing file (OSError) or a damaged one (SafetensorError)
+        raise CheckpointError(f"{file} cannot be read ({error}); restore the checkpoint, or use a new "
+                              "out_dir") from error
+    for key, tensor in tensors.items():
+        name, slot = key.rsplit(".", 1)
+        if name not in index:
+            raise CheckpointError(f"{file} holds optimizer state for `{name}`, which this draft does not "
+                                  "train; resume with the same draft configuration, or use a new out_dir")
+        state.setdefault(index[name], {})[slot] = tensor
     return state
