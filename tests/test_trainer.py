@@ -24,7 +24,7 @@ from blockdraft.train.ranks import rank_device
 from blockdraft.model.target import Target
 from blockdraft.train.trainer import TrainConfig, train
 
-from conftest import VOCAB, tiny_target
+from conftest import VOCAB, tiny_draft, tiny_target
 
 MASK = VOCAB - 1
 TESTS = Path(__file__).parent
@@ -147,6 +147,23 @@ def test_a_damaged_checkpoint_is_refused_by_file_on_resume(tmp_path, damage):
               "wrong-shape": "has exp_avg \\[3\\]", "missing-moment": "lacks \\['exp_avg'\\]"}[damage]
     with pytest.raises(CheckpointError, match=wanted):
         train(tiny_target("llama"), config(tmp_path, **common))
+
+
+def test_a_resume_compares_draft_configs_by_field_naming_aside():
+    import dataclasses
+
+    from blockdraft.train.checkpointing import config_differences
+
+    cfg = tiny_draft(tiny_target("llama"), layers=2, block_size=8).config
+    saved = dataclasses.replace(cfg, provenance={"format": 1, "target": "/models/t", "version": "0.1.0",
+                                                 "tokenizer_sha256": "ab", "target_arch_sha256": "cd"})
+    respelt = dataclasses.replace(saved, provenance={**saved.provenance, "target": "/models/t/", "version": "0.2.0"})
+    assert config_differences(saved, respelt) == [], "another spelling of the target, or a release, is no change"
+    other = dataclasses.replace(respelt, provenance={**respelt.provenance, "tokenizer_sha256": "ef"},
+                                mask_token_id=cfg.mask_token_id - 1)
+    assert config_differences(saved, other) == [
+        f"mask_token_id: saved {cfg.mask_token_id}, now {cfg.mask_token_id - 1}",
+        "provenance.tokenizer_sha256: saved 'ab', now 'ef'"]
 
 
 def test_refuses_empty_data(tmp_path):

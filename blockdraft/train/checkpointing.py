@@ -16,6 +16,7 @@ the previous checkpoint (possibly as `checkpoint.old/`) intact.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -87,10 +88,11 @@ def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
                         optimizer: torch.optim.Optimizer, names: list[str]) -> None:
     """Restore draft weights and optimizer state from `folder` in place."""
     saved_cfg, tensors = read_checkpoint(folder, dtype=torch.float32)
-    if saved_cfg != cfg:
+    changed = config_differences(saved_cfg, cfg)
+    if changed:
         # Same TrainConfig but another draft shape or interface means another target: continuing would mix them.
-        raise CheckpointError(f"{folder}/config.json describes another draft than this run builds "
-                              f"(saved {saved_cfg}, now {cfg}); resume with the same target, or use a new out_dir")
+        raise CheckpointError(f"{folder}/config.json describes another draft than this run builds ("
+                              f"{'; '.join(changed)}); resume with the same target, or use a new out_dir")
     draft.load_state_dict(tensors, strict=True)
     state = _unflatten_optimizer(folder / STATE_TENSORS, names)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -106,6 +108,25 @@ def load_training_state(folder: Path, cfg: DraftConfig, draft: torch.nn.Module,
                                   f"{'lacks ' + str(missing) if missing else 'has ' + ', '.join(shapes)} (the "
                                   f"parameter is {list(param.shape)}); restore the checkpoint, or use a new out_dir")
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+
+
+# How a target was named and which release wrote the checkpoint: another spelling of the same target (a path with
+# a trailing slash, a hub id for its local copy) or an upgrade must not block a resume; its fingerprints must match.
+NAMING_KEYS = ("target", "target_revision", "version")
+
+
+def config_differences(saved: DraftConfig, now: DraftConfig) -> list[str]:
+    """The fields in which two draft configs differ, as "field: saved X, now Y", naming aside (NAMING_KEYS)."""
+    out = []
+    for field in dataclasses.fields(DraftConfig):
+        a, b = getattr(saved, field.name), getattr(now, field.name)
+        if field.name == "provenance":
+            a, b = ({k: v for k, v in (p or {}).items() if k not in NAMING_KEYS} for p in (a, b))
+            out += [f"provenance.{k}: saved {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                    if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(f"{field.name}: saved {a!r}, now {b!r}")
+    return out
 
 
 def read_trained_tensors(folder: Path) -> dict[str, torch.Tensor]:
