@@ -326,6 +326,15 @@ def test_init_from_continues_a_draft_and_must_match_it(tmp_path):
     first = train(tiny_target("llama"), config(tmp_path, "first", max_steps=2))
     with pytest.raises(ConfigError, match="num_hidden_layers 3"):
         train(tiny_target("llama"), config(tmp_path, "second", max_steps=1, init_from=first, num_draft_layers=3))
+    import shutil
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(first, foreign)
+    record = json.loads((foreign / "config.json").read_text())
+    record["blockdraft"]["target_arch_sha256"] = "0" * 64  # trained on a target of another architecture
+    (foreign / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="target_arch_sha256"):
+        train(tiny_target("llama"), config(tmp_path, "third", max_steps=1, init_from=foreign))
     second = train(tiny_target("llama"), config(tmp_path, "second", max_steps=1, init_from=first, lr=1e-9))
     start, master = tensors(first / "model.safetensors"), tensors(second.parent / "checkpoint" / "model.safetensors")
     for name in start:  # one AdamW step moves each weight by about lr = 1e-9
