@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -55,6 +56,8 @@ def load_draft(path: str | Path | None = None, target: Target | None = None, *, 
     A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
     still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and
     latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all."""
+    if context_window is not None and not isinstance(context_window, ContextWindow):
+        raise InputError(f"`context_window` must be a ContextWindow(window, sinks) or None, got {context_window!r}")
     draft = _load_draft(path, target, strict, allow_last_layer, full_vocab)
     draft.context_window = context_window
     return draft
@@ -118,7 +121,15 @@ def encode(target: Target, prompt, chat: bool = True) -> list[int]:
             raise InputError("a conversation (chat messages) needs the tokenizer's chat template, which is "
                              f"{'switched off' if not chat else 'missing'}; pass plain text or token ids instead")
         return encode_prompt(target.tokenizer, prompt)
-    return list(prompt)
+    if isinstance(prompt, dict):
+        raise InputError("a single chat message is a conversation of one: wrap it in a list, "
+                         "[{'role': 'user', 'content': ...}]")
+    if isinstance(prompt, torch.Tensor) or type(prompt).__module__ == "numpy":
+        prompt = prompt.tolist()
+    if not _is_ids(prompt):
+        raise InputError(f"a prompt must be text, chat messages or a list of token ids, got {type(prompt).__name__} "
+                         f"{str(prompt)[:60]!r}")
+    return [int(t) for t in prompt]  # ids themselves are checked against the vocabulary before decoding
 
 
 def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, *, max_new_tokens: int = 256,
@@ -147,6 +158,12 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise InputError(f"`sampling` must be a SamplingParams or None, got {type(sampling).__name__}; "
                          "pass SamplingParams(temperature=..., top_p=..., seed=...)")
+    if isinstance(prompt_or_prompts, torch.Tensor) or type(prompt_or_prompts).__module__ == "numpy":
+        prompt_or_prompts = prompt_or_prompts.tolist()  # 1-D: one prompt of ids; 2-D: a batch
+    if prompt_or_prompts is None or isinstance(prompt_or_prompts, (dict, int, float)):
+        raise InputError(f"`prompt_or_prompts` must be text, chat messages, token ids or a list of those, got "
+                         f"{prompt_or_prompts!r}" + ("; wrap a single message in a list"
+                                                     if isinstance(prompt_or_prompts, dict) else ""))
     single = isinstance(prompt_or_prompts, str) or _is_messages(prompt_or_prompts) or _is_ids(prompt_or_prompts)
     prompts = [prompt_or_prompts] if single else list(prompt_or_prompts)
     ids = [encode(target, p, chat) for p in prompts]
@@ -161,7 +178,9 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
 
 
 def _is_ids(prompt) -> bool:
-    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and isinstance(prompt[0], int)
+    """A non-empty list of whole numbers (Python or NumPy integers; bools and floats are not ids)."""
+    return (isinstance(prompt, (list, tuple)) and len(prompt) > 0
+            and all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt))
 
 
 def _is_messages(prompt) -> bool:

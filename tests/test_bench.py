@@ -88,7 +88,8 @@ def test_runner_warms_up_then_interleaves_and_truncates():
     log = []
     methods = [FakeMethod(n, log) for n in ("a", "b", "c")]
     prompts = [[10, 11], [12], [13, 14], [15]]
-    target = SimpleNamespace(max_positions=512, device=torch.device("cpu"))  # all the runner asks of a target
+    # All the runner asks of a target: its context, device and vocabulary (the prompts' ids are checked).
+    target = SimpleNamespace(max_positions=512, device=torch.device("cpu"), config=SimpleNamespace(vocab_size=64))
     run = run_bench(target, methods, prompts, BenchSettings(block_size=4, max_new_tokens=32, batch_size=1),
                     [STOP])
     warm, timed = log[:3], log[3:]

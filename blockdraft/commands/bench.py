@@ -68,7 +68,7 @@ def run(args) -> int:
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                      "(output is exact, acceptance is near 1)[/yellow]")
     ids = [_encode(target, p.messages) for p in prompts]
-    block_size = args.block_size or draft.config.block_size
+    block_size = args.block_size if args.block_size is not None else draft.config.block_size
     check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size)
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              methods=methods, sampling=None if sampling.greedy else sampling,

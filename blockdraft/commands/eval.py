@@ -35,7 +35,7 @@ def run(args) -> int:
     dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
-    K = args.block_size or draft.config.block_size
+    K = args.block_size if args.block_size is not None else draft.config.block_size
     dtype_name = str(dtype).removeprefix("torch.")
     shape = f"token trees of {K} nodes" if args.tree else f"K={K}"
     bounded = "" if window is None else f", draft context: first {window.sinks} + latest {window.window} positions"

@@ -80,7 +80,8 @@ def run(args) -> int:
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
     ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
-    block = args.block_size or (draft.config.block_size if draft is not None else None)
+    block = args.block_size if args.block_size is not None else (
+        draft.config.block_size if draft is not None else None)
     hardware = describe_line(args.device, dtype)
     adaptive, lookup, tree = decode_modes(args.adaptive, args.lookup, args.tree, sampling.greedy,
                                           seeded=args.seed is not None)

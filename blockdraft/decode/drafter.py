@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVCache
+from ..errors import InputError
 from ..model.draft import DFlashDraftModel
 from ..model.packed import head_linear
 from ..model.target import Target
@@ -34,10 +35,13 @@ class Drafter:
         self.draft = draft
         self.target = target
         self.config = draft.config
-        self.block_size = draft.config.block_size if block_size is None else block_size
+        self.block_size = draft.config.block_size if block_size is None else int(block_size)
         self.cache: KVCache | None = None
         # Bounded context (window.py): by default the one load_draft set on the draft; None keeps every position.
         self.window = getattr(draft, "context_window", None) if window is None else window
+        if self.window is not None and not isinstance(self.window, ContextWindow):
+            raise InputError(f"the draft's context window must be a ContextWindow(window, sinks) or None, got "
+                             f"{self.window!r}")
         self.seen: torch.Tensor | None = None  # [B] context positions fed in so far (the cache keeps some of them)
         # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them; by default
         # the one loaded beside the draft. Each request adds its prompts' ids.

@@ -14,12 +14,14 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..errors import InputError
+from ..io.validate import check_against_target
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .drafter import Drafter
 from .lookup import PromptLookup
 from .policy import make_policy
+from .requests import check_request, check_stream_options, stop_ids  # noqa: F401 (check_request: re-exported)
 from .selection import Selector
 from .state import DecodeState
 from .step import prefill, step
@@ -37,38 +39,6 @@ class StreamEvent:
     row: int  # index of the prompt in the caller's list
     tokens: list[int]  # newly committed tokens of that row (may be empty only at a row's end)
     finish_reason: str | None  # set on the row's last event: "stop" or "length"
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def check_request(target: Target, prompts, max_new_tokens, block_size: int, trained_block_size) -> None:
-    """Refuse bad input before any compute, naming the parameter, the value and the fix.
-
-    `max_new_tokens` is one budget for every prompt or a list with one per prompt."""
-    if not prompts:
-        raise InputError("no prompts given; pass at least one prompt")
-    budgets = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
-    if len(budgets) != len(prompts) or not all(_positive_int(b) for b in budgets):
-        raise InputError(f"`max_new_tokens` must be a positive integer (or a list of one per prompt), "
-                         f"got {max_new_tokens!r}")
-    for i, (ids, budget) in enumerate(zip(prompts, budgets)):
-        if len(ids) == 0:
-            raise InputError(f"prompt {i} is empty; give at least one token of prompt")
-        total = len(ids) + budget
-        if total > target.max_positions:
-            raise InputError(
-                f"prompt {i} has {len(ids)} tokens and `max_new_tokens` is {budget}: {total} positions, "
-                f"over the target's context of {target.max_positions}; shorten the prompt or lower max_new_tokens"
-            )
-    if trained_block_size is not None:
-        trained = trained_block_size
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or not 2 <= block_size <= trained:
-            raise InputError(
-                f"`block_size` must be an integer in [2, {trained}] (the draft's trained block size), "
-                f"got {block_size!r}; pass a block size of at most {trained}"
-            )
 
 
 @torch.inference_mode()
@@ -110,11 +80,11 @@ def stream(
     tree of K nodes, and `adaptive` picks from 1 to 2K nodes. Greedy output is unchanged; sampled output stays
     exactly distributed (point-mass tests, sampling/tree.py).
     """
+    check_stream_options(block_size, adaptive, lookup, tree)
     drafter = as_drafter(target, draft, block_size)
     K = drafter.block_size if drafter else 1
     check_request(target, prompts, max_new_tokens, K, drafter.trained_block_size if drafter else None)
-    if stop_token_ids is None:
-        stop_token_ids = eos_ids(target)
+    stop_token_ids = stop_ids(stop_token_ids, target, lambda: eos_ids(target))
     selector = selector or Selector(num_rows=len(prompts))
     tree = tree and drafter is not None and K > 1
     finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
@@ -189,6 +159,7 @@ def join(state: DecodeState, target: Target, drafter, selector: Selector, stats,
 def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None,
              adaptive=False, lookup=False, tree=False):
     """Decode every prompt to completion; one GenerationResult per prompt, in order."""
+    check_stream_options(block_size, adaptive, lookup, tree)
     drafter = as_drafter(target, draft, block_size)
     stats = [AcceptanceStats(drafter.block_size if drafter else 1) for _ in prompts]
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -218,8 +189,22 @@ def _as_list(budget, count: int) -> list[int]:
 
 
 def as_drafter(target: Target, draft, block_size: int | None):
-    """A draft model becomes a Drafter at the requested block size; a Drafter-like object passes through."""
-    return Drafter(draft, target, block_size) if isinstance(draft, DFlashDraftModel) else draft
+    """A draft model becomes a Drafter at the requested block size; a Drafter-like object passes through.
+
+    A draft model is checked against the target first (once per pair): its shape and interface (FORMAT.md), and
+    that it lies on the target's device in its dtype, as `load_draft(path, target)` places it."""
+    if not isinstance(draft, DFlashDraftModel):
+        return draft
+    if getattr(draft, "checked_with", None) is not target:
+        # The last-layer id is a portability rule of load_draft (FORMAT.md §3.1); this loop taps it as HF does.
+        check_against_target(draft.config, target.config, allow_last_layer=True)
+        weight = draft.fc.weight
+        if (weight.device, weight.dtype) != (target.device, target.dtype):
+            raise InputError(f"the draft's weights are {str(weight.dtype).removeprefix('torch.')} on {weight.device} "
+                             f"but the target runs {str(target.dtype).removeprefix('torch.')} on {target.device}; "
+                             "load the draft with load_draft(path, target), which places it beside the target")
+        draft.checked_with = target
+    return Drafter(draft, target, block_size)
 
 
 def eos_ids(target: Target) -> set[int]:

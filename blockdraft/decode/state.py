@@ -8,6 +8,7 @@ target cache. Finished rows are dropped from every tensor (`keep_rows`) so that 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import torch
 
@@ -34,7 +35,8 @@ class DecodeState:
         self.lengths = self.prompt_lengths.clone()  # [B] committed tokens, anchor included
         self.row_ids = torch.arange(first_row, first_row + B, device=device)  # [B] caller's index of each live row
         # Budget of each row (caller's order): one for all, or one per prompt.
-        budgets = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        one = isinstance(max_new_tokens, Integral)
+        budgets = [int(max_new_tokens)] * B if one else [int(b) for b in max_new_tokens]
         self.budgets = [0] * first_row + budgets
         self.stop_ids = frozenset(stop_ids)
         self.results = [RowResult() for _ in range(first_row + B)]
