@@ -151,6 +151,7 @@ def test_inspect_prints_the_config_and_validates(folders, capsys):
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
         (["--draft-window", "0"], "--draft-window"),
+        (["--block-size", "0"], "block_size"),  # not "the trained size"
         (["--draft-window", "64", "--draft-sinks", "-1"], "sink positions"),
     ],
 )
