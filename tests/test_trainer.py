@@ -85,24 +85,31 @@ def test_refuses_out_of_range_layer_ids(tmp_path):
         train(tiny_target("llama"), config(tmp_path, target_layer_ids=(1, 6)))
 
 
-def test_a_metrics_line_cut_by_a_kill_does_not_block_resume(tmp_path):
+KILLED = dict(save_every=2, log_every=1, epochs=2)  # 8 examples, batch 4: 4 steps, checkpoints at 2 and 4
+
+
+def killed_run(tmp_path: Path) -> None:
+    """A run of 4 steps killed after its third, leaving the checkpoint of step 2 in tmp_path / "out"."""
     write_data(tmp_path / "data", count=8)
-    common = dict(save_every=2, log_every=1, epochs=2)
 
     def kill_after_three(step):
         if step == 3:
             raise Killed
 
     with pytest.raises(Killed):
-        train(tiny_target("llama"), config(tmp_path, **common), on_step=kill_after_three)
+        train(tiny_target("llama"), config(tmp_path, **KILLED), on_step=kill_after_three)
+
+
+def test_a_metrics_line_cut_by_a_kill_does_not_block_resume(tmp_path):
+    killed_run(tmp_path)
     log = tmp_path / "out" / "metrics.jsonl"
     log.write_text(log.read_text() + '{"split": "train", "st')  # the kill cut the last record
-    train(tiny_target("llama"), config(tmp_path, **common))
+    train(tiny_target("llama"), config(tmp_path, **KILLED))
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps == sorted(steps) and steps[-1] == 4
     log.write_text('{"split": "train", "step": 1}\nnot json\n{"split": "train", "step": 2}\n')
     with pytest.raises(InputError, match="metrics.jsonl, line 2: not valid JSON"):
-        train(tiny_target("llama"), config(tmp_path, **common))
+        train(tiny_target("llama"), config(tmp_path, **KILLED))
 
 
 @pytest.mark.parametrize("overrides", [{"max_seq_len": 4}, {}], ids=["all-truncated", "no-responses"])
@@ -118,15 +125,7 @@ def test_data_that_keeps_no_anchor_is_refused_before_training(tmp_path, override
 def test_a_damaged_checkpoint_is_refused_by_file_on_resume(tmp_path, damage):
     from safetensors.torch import save_file
 
-    write_data(tmp_path / "data", count=8)
-    common = dict(save_every=2, log_every=1, epochs=2)
-
-    def kill_after_three(step):
-        if step == 3:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train(tiny_target("llama"), config(tmp_path, **common), on_step=kill_after_three)
+    killed_run(tmp_path)
     folder = tmp_path / "out" / "checkpoint"
     state_file, json_file = folder / "trainer_state.safetensors", folder / "trainer_state.json"
     moments = tensors(state_file)
@@ -146,7 +145,7 @@ def test_a_damaged_checkpoint_is_refused_by_file_on_resume(tmp_path, damage):
     wanted = {"truncated-state": "trainer_state.safetensors cannot be read", "no-config": "lacks \\['config'\\]",
               "wrong-shape": "has exp_avg \\[3\\]", "missing-moment": "lacks \\['exp_avg'\\]"}[damage]
     with pytest.raises(CheckpointError, match=wanted):
-        train(tiny_target("llama"), config(tmp_path, **common))
+        train(tiny_target("llama"), config(tmp_path, **KILLED))
 
 
 def test_a_resume_compares_draft_configs_by_field_naming_aside():
