@@ -42,7 +42,7 @@ from .features import FeatureCache
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
 from .objective import batch_vocab, weighted_loss
-from .preflight import check_data, check_init
+from .preflight import check_data, check_init, data_notes
 from .ranks import Ranks
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
 from .settings import TrainConfig
@@ -127,9 +127,10 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     freeze_target(target)
     examples, train_indices, val_indices = load_split(cfg.data_dirs, cfg.val_fraction, cfg.seed)
     draft_cfg, draft = _build_draft(target, cfg)
-    note = check_data(examples, draft_cfg, _folders(cfg), cfg.max_seq_len)
-    if note and ranks.rank == 0:
-        print(f"note: {note}")
+    notes = [check_data(examples, draft_cfg, _folders(cfg), cfg.max_seq_len), *data_notes(cfg.data_dirs, target.name)]
+    for note in notes if ranks.rank == 0 else []:
+        if note:
+            print(f"note: {note}")
     forward = BlockForward(draft, target)
     if cfg.standardize_features:
         scale = _measure_scale(target, examples, train_indices, draft_cfg, cfg)
