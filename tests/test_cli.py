@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
+import torch
 
 from blockdraft.cli import main
 from blockdraft.commands.generate import decode_modes
@@ -78,6 +80,55 @@ def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(folders
     code, out, _ = run(capsys, "eval", "--prompts", str(prompts), "--target", target, "--draft", draft, "--dtype",
                        "float32", "--max-new-tokens", "4", "--draft-window", "8", "--draft-sinks", "2")
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["draft_window"] == {"window": 8, "sinks": 2}, out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="names a missing GPU")
+@pytest.mark.parametrize("device, words", [("gpu", "unknown device 'gpu'"), ("cuda", "sees no CUDA GPU")])
+def test_a_device_this_machine_lacks_is_named(folders, capsys, tmp_path, device, words):
+    target, draft = folders
+    for command in (["generate", "hi"], ["eval", "--prompts", "humaneval"]):
+        code, _, err = run(capsys, *command, "--target", target, "--draft", draft, "--device", device)
+        assert code == 2 and words in err, err
+
+
+def test_bench_and_eval_refuse_what_would_fail_late_or_mislead(folders, capsys, tmp_path):
+    target, draft = folders
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nabcabcabc\n" + "x" * 600 + "\n")
+    model = ["--target", target, "--draft", draft, "--dtype", "float32"]
+    (tmp_path / "afile").write_text("")
+    bench = ["bench", "--prompts", str(prompts), "--max-new-tokens", "4", "--methods", "blockdraft", *model]
+    for extra, words in ((["--out", str(tmp_path / "afile")], "cannot hold the results"),
+                         (["--batch-size", "4", "--out", str(tmp_path / "b")], "more than the 3 prompts"),
+                         (["--out", str(tmp_path / "c")], "prompt prompts.txt:3 has")):  # over the context: by id
+        code, _, err = run(capsys, *bench, *extra)
+        assert code == 2 and words in err, err
+    binary = tmp_path / "latin1.txt"
+    binary.write_bytes(b"caf\xe9\n")
+    code, _, err = run(capsys, "bench", "--prompts", str(binary), *model)
+    assert code == 2 and "latin1.txt, line 1: not UTF-8" in err, err
+    refusals = [(["--batch-size", "0"], "--batch-size"), (["--prompts", ","], "names no prompt set")]
+    if importlib.util.find_spec("eval_framework") is not None:  # the package that ships HealthBench
+        refusals.append((["--prompts", "healthbench"], "training set"))
+    for extra, words in refusals:
+        code, _, err = run(capsys, "eval", "--prompts", str(prompts), *extra, *model)
+        assert code == 2 and words in err, (extra, err)
+
+
+def test_bench_records_its_vocabulary_and_notes_ignored_sampling_flags(folders, capsys, tmp_path):
+    target, draft = folders
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\n")
+    code, out, err = run(capsys, "bench", "--prompts", str(prompts), "--target", target, "--draft", draft, "--dtype",
+                         "float32", "--max-new-tokens", "4", "--methods", "blockdraft", "--top-k", "5",
+                         "--full-vocab", "--out", str(tmp_path / "b"))
+    assert code == 0 and "--top-k ignored at temperature 0" in err, err
+    settings = json.loads((tmp_path / "b" / "bench.json").read_text())["settings"]
+    assert settings["full_vocab"] is True and settings["proposal_vocab_size"] is None
+    code, out, _ = run(capsys, "eval", "--prompts", str(prompts), "--target", target, "--draft", draft, "--dtype",
+                       "float32", "--max-new-tokens", "4", "--batch-size", "2")
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["prompts"] == {str(prompts): 1} and record["batch_size"] == 2 and record["date"]
 
 
 def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):

@@ -55,11 +55,22 @@ def run(args) -> int:
     # Bad sampling parameters fail here too, with SamplingParams' message naming the parameter and the fix.
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed)
+    if sampling.greedy:
+        ignored = [flag for flag, on in (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
+                                         ("--min-p", args.min_p != 0.0), ("--sampler", args.sampler != "rejection"))
+                   if on]
+        if ignored:
+            Console(stderr=True).print(f"[yellow]note: {', '.join(ignored)} ignored at temperature 0 (greedy); "
+                                       "pass --temperature to sample[/yellow]")
     # Prompts first: a wrong set name or a bad file line fails in milliseconds, before the model loads.
     prompts = load_prompts(args.prompts, args.limit)
     if not prompts:
         raise InputError(f"prompt source {args.prompts!r} gave no prompts; pass a set or file with prompts")
-    _refuse_training_sets(prompts)
+    if args.batch_size > len(prompts):
+        raise InputError(f"`--batch-size` {args.batch_size} is more than the {len(prompts)} prompts: every batch "
+                         f"would hold {len(prompts)}; lower --batch-size, or raise --limit")
+    writable_folder(args.out)  # before minutes of measuring, not after
+    refuse_training_sets(prompts)
     stderr = Console(stderr=True, highlight=False)
     with stderr.status("loading target and draft"):
         target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
@@ -69,13 +80,15 @@ def run(args) -> int:
                      "(output is exact, acceptance is near 1)[/yellow]")
     ids = [_encode(target, p.messages) for p in prompts]
     block_size = args.block_size if args.block_size is not None else draft.config.block_size
-    check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size)
+    check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size,
+                  names=[f"{p.set}:{p.id}" for p in prompts])
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              methods=methods, sampling=None if sampling.greedy else sampling,
                              coupled=args.sampler == "coupled" and not sampling.greedy)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),
-               "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks}}
+               "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks},
+               "full_vocab": args.full_vocab, "proposal_vocab_size": _vocab_size(draft)}
     draft_folder = _draft_folder(args.draft)
     return report(target, draft, ids, settings, args.out, prompt_ids=[f"{p.set}:{p.id}" for p in prompts],
                   context=context, draft_folder=draft_folder)
@@ -93,15 +106,35 @@ def report(target, draft, prompts: list[list[int]], settings: BenchSettings, out
             progress.update(task, completed=done, total=total, description=description)
 
         document = benchmark(target, draft, prompts, settings, on_progress=on_progress, **kwargs)
+    render(document, console)  # the tables first: they survive a failure to write the files
     json_path = save_json(document, out)
     png_path = save_plot(document, out)
-    render(document, console)
     console.print(f"wrote {json_path} and {png_path}")
     print(summary_line(document, out), flush=True)
     return 0
 
 
-def _refuse_training_sets(prompts) -> None:
+def writable_folder(folder: Path) -> None:
+    """Create `folder` and make sure files can be written in it (exit 2 naming it, not a traceback later)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise InputError(f"--out {folder} cannot hold the results ({error.strerror or error}); pass a folder "
+                         "path that can be created and written") from error
+    for name in ("bench.json", "bench.png"):
+        if (folder / name).is_dir():
+            raise InputError(f"--out {folder} holds a folder named {name}, where the results go; pass another --out")
+
+
+def _vocab_size(draft) -> int | None:
+    vocab = getattr(draft, "draft_vocab", None)
+    return None if vocab is None else int(vocab.numel())
+
+
+def refuse_training_sets(prompts) -> None:
     # Drafts are trained on these sets; acceptance measured on them overstates every speedup.
     trained_on = sorted({p.set for p in prompts if p.set in PROMPT_SETS and PROMPT_SETS[p.set].role == "train"})
     if trained_on:

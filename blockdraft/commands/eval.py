@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from datetime import date
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..api import encode, load_draft
+from ..errors import InputError
 from ..hardware import describe
 from ..io.targets import load_target, parse_dtype
 from ..prompts import load_prompts
+from .bench import refuse_training_sets
 from .common import add_model_arguments, context_window
 
 
@@ -30,7 +33,19 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..train.evaluate import evaluate_online
 
-    sets = {name: load_prompts(name, limit=args.limit) for name in args.prompts.split(",") if name}
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size)):
+        if value <= 0:
+            raise InputError(f"`{flag}` must be a positive integer, got {value}")
+    names = [name for name in args.prompts.split(",") if name]
+    if not names:
+        raise InputError(f"--prompts {args.prompts!r} names no prompt set; pass e.g. humaneval,mt-bench or a file")
+    sets = {name: load_prompts(name, limit=args.limit) for name in names}
+    empty = [name for name, prompts in sets.items() if not prompts]
+    if empty:
+        raise InputError(f"prompt source(s) {empty} gave no prompts; pass sets or files with prompts")
+    # Acceptance on the prompts a draft was trained on overstates it, as in bench.
+    refuse_training_sets([p for prompts in sets.values() for p in prompts])
     window = context_window(args)
     dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device)
@@ -55,7 +70,10 @@ def run(args) -> int:
         rates = " ".join(f"{r:.2f}" for r in stats.per_position_acceptance())
         table.add_row(name, str(len(sets[name])), f"{stats.mean_tau:.3f}", str(stats.histogram), rates)
     Console().print(table)
-    record = {"block_size": K, "tree": args.tree, "max_new_tokens": args.max_new_tokens, "chat_template": True,
+    record = {"date": date.today().isoformat(), "target": target.name, "draft": args.draft or "shipped",
+              "full_vocab": args.full_vocab, "prompts": {name: len(prompts) for name, prompts in sets.items()},
+              "limit": args.limit, "batch_size": args.batch_size,
+              "block_size": K, "tree": args.tree, "max_new_tokens": args.max_new_tokens, "chat_template": True,
               "thinking": False, "draft_window": None if window is None else {"window": window.window,
                                                                               "sinks": window.sinks},
               "hardware": describe(args.device, dtype), "results": {k: v.as_dict() for k, v in results.items()}}

@@ -24,10 +24,12 @@ def is_count(value) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool) and value > 0
 
 
-def check_request(target: Target, prompts, max_new_tokens, block_size: int, trained_block_size) -> None:
+def check_request(target: Target, prompts, max_new_tokens, block_size: int, trained_block_size,
+                  names: list[str] | None = None) -> None:
     """Refuse bad input before any compute, naming the parameter, the value and the fix.
 
-    `max_new_tokens` is one budget for every prompt or a list with one per prompt."""
+    `max_new_tokens` is one budget for every prompt or a list with one per prompt; `names` name the prompts in
+    messages (default: their index)."""
     if not prompts:
         raise InputError("no prompts given; pass at least one prompt")
     budgets = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
@@ -35,7 +37,8 @@ def check_request(target: Target, prompts, max_new_tokens, block_size: int, trai
         raise InputError(f"`max_new_tokens` must be a positive integer (or a list of one per prompt), "
                          f"got {max_new_tokens!r}")
     vocab = _vocab_size(target)
-    for i, (ids, budget) in enumerate(zip(prompts, budgets)):
+    for index, (ids, budget) in enumerate(zip(prompts, budgets)):
+        i = names[index] if names is not None else index
         if len(ids) == 0:
             raise InputError(f"prompt {i} is empty; give at least one token of prompt")
         bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab), None)

@@ -30,8 +30,32 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
+def device_of(device: str | torch.device) -> torch.device:
+    """The device a name means (whether or not this machine has it); an unknown name is refused by name."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from error
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """The device a name means, refused by name when this machine has no such device."""
+    parsed = device_of(device)
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--device {device}: this torch build sees no CUDA GPU (torch {torch.__version__}, "
+                              "CUDA available: no); use --device cpu, or install a CUDA build of torch")
+        if parsed.index is not None and parsed.index >= count:
+            raise ConfigError(f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif parsed.type != "cpu" and parsed.type != "meta":
+        raise ConfigError(f"--device {device}: blockdraft runs on cpu and cuda devices; use one of those")
+    return parsed
+
+
 def parse_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """A dtype name, or "auto": the fastest exact-enough dtype for `device` (see `auto_dtype`)."""
+    device_of(device)
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
@@ -149,6 +173,7 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     """Load a target by name: None or 'smollm2-135m-instruct' (embedded), a local HF folder, or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    parse_device(device)  # a missing GPU is named before minutes of loading
     torch_dtype = parse_dtype(dtype, device)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
     try:

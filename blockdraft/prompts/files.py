@@ -35,37 +35,49 @@ def read_prompt_file(path: str, limit: int | None = None) -> list[Prompt]:
     return prompts if limit is None else prompts[:limit]
 
 
+def _utf8_lines(path: str) -> list[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file; other encodings are refused naming the first bad line."""
+    with open(path, "rb") as f:
+        raw = f.read().splitlines(keepends=True)
+    lines = []
+    for n, line in enumerate(raw, 1):
+        try:
+            lines.append((n, line.decode("utf-8")))
+        except UnicodeDecodeError as error:
+            raise PromptDataError(f"{path}, line {n}: not UTF-8 ({error.reason} at byte {error.start}); "
+                                  "save the file as UTF-8") from None
+    return lines
+
+
 def _read_txt(path: str) -> list[Prompt]:
     name = os.path.basename(path)
-    with open(path, encoding="utf-8") as f:
-        lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(f, 1)]
+    lines = [(n, line.rstrip("\r\n")) for n, line in _utf8_lines(path)]
     return [Prompt(str(n), tuple(user(text)), name) for n, text in lines if text.strip()]
 
 
 def _read_jsonl(path: str) -> list[Prompt]:
     set_name, prompts, seen, header = os.path.basename(path), [], {}, None
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {n}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptDataError(f"{where}: not valid JSON ({e.msg}); write one JSON object per line") from None
-            if not isinstance(obj, dict):
-                raise PromptDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            if HEADER_KEY in obj:
-                if header is not None or seen:
-                    raise PromptDataError(f"{where}: an extract header may only be the first line")
-                header, set_name = obj, _check_header(obj, where)
-                continue
-            prompt_id, messages = _parse_record(obj, n, where)
-            # Ids key generated responses and held-out splits; a repeat would merge two prompts.
-            if prompt_id in seen:
-                raise PromptDataError(f"{where}: id {prompt_id!r} repeats line {seen[prompt_id]}; make ids unique")
-            seen[prompt_id] = n
-            prompts.append(Prompt(prompt_id, tuple(messages), set_name))
+    for n, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}, line {n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptDataError(f"{where}: not valid JSON ({e.msg}); write one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise PromptDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        if HEADER_KEY in obj:
+            if header is not None or seen:
+                raise PromptDataError(f"{where}: an extract header may only be the first line")
+            header, set_name = obj, _check_header(obj, where)
+            continue
+        prompt_id, messages = _parse_record(obj, n, where)
+        # Ids key generated responses and held-out splits; a repeat would merge two prompts.
+        if prompt_id in seen:
+            raise PromptDataError(f"{where}: id {prompt_id!r} repeats line {seen[prompt_id]}; make ids unique")
+        seen[prompt_id] = n
+        prompts.append(Prompt(prompt_id, tuple(messages), set_name))
     # A copy cut short in transfer still parses; the count in the header catches it.
     if header is not None and header.get("count") != len(prompts):
         raise PromptDataError(
