@@ -100,6 +100,14 @@ def killed_run(tmp_path: Path) -> None:
         train(tiny_target("llama"), config(tmp_path, **KILLED), on_step=kill_after_three)
 
 
+def test_a_resume_with_the_target_in_another_dtype_is_refused(tmp_path):
+    killed_run(tmp_path)
+    target = tiny_target("llama")
+    target.model.to(torch.bfloat16)  # its features, the draft's inputs, would change mid-run
+    with pytest.raises(ConfigError, match="its target ran in float32, this one in bfloat16; pass --target-dtype"):
+        train(target, config(tmp_path, **KILLED))
+
+
 def test_a_metrics_line_cut_by_a_kill_does_not_block_resume(tmp_path):
     killed_run(tmp_path)
     log = tmp_path / "out" / "metrics.jsonl"

@@ -226,6 +226,10 @@ def _restore(run: Run) -> int | None:
         raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
                           f"({ {k: stored[k] for k in changed} }); use the same settings or a new out_dir")
     _check_same_data(folder, state.get("data"), run)
+    stored_dtype, dtype = state.get("target_dtype"), _dtype_name(run.forward.target.dtype)
+    if stored_dtype is not None and stored_dtype != dtype:  # the features, and so the draft's inputs, would change
+        raise ConfigError(f"cannot resume {folder}: its target ran in {stored_dtype}, this one in {dtype}; pass "
+                          f"--target-dtype {stored_dtype}, or continue into a new out_dir with --init-from")
     load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
     if run.forward.scale is not None:  # the checkpoint's draft is the exported one; fc' comes bit-exact
         run.forward.load_trained_state(read_trained_tensors(folder))
@@ -243,6 +247,10 @@ def _check_same_data(folder: Path, stored: dict | None, run: Run) -> None:
                          f"{stored['folders']}, and {_folders(run.cfg)} now hold {len(run.examples)} other or "
                          "reordered examples; pass the same --data folders in the same order, unchanged, or use a "
                          "new out_dir (with --init-from to continue from its draft)")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _folders(cfg: TrainConfig) -> str:
@@ -339,7 +347,7 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
                                "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
                  "rng": {"seed": cfg.seed, "order": "sha256(seed, epoch)", "anchors": "sha256(seed, step, index)"},
                  "data": {"folders": _folders(cfg), "examples": len(run.examples), "sha256": run.data_sha256},
-                 "config": cfg.run_fields()}
+                 "config": cfg.run_fields(), "target_dtype": _dtype_name(run.forward.target.dtype)}
         save_training_state(cfg.out_dir, run.draft_cfg, run.forward.export_state(), run.optimizer, run.names, state,
                             trained=run.forward.trained_state())
 
