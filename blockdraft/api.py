@@ -124,8 +124,7 @@ def encode(target: Target, prompt, chat: bool = True) -> list[int]:
     if isinstance(prompt, dict):
         raise InputError("a single chat message is a conversation of one: wrap it in a list, "
                          "[{'role': 'user', 'content': ...}]")
-    if isinstance(prompt, torch.Tensor) or type(prompt).__module__ == "numpy":
-        prompt = prompt.tolist()
+    prompt = _plain(prompt)
     if not _is_ids(prompt):
         raise InputError(f"a prompt must be text, chat messages or a list of token ids, got {type(prompt).__name__} "
                          f"{str(prompt)[:60]!r}")
@@ -158,8 +157,7 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise InputError(f"`sampling` must be a SamplingParams or None, got {type(sampling).__name__}; "
                          "pass SamplingParams(temperature=..., top_p=..., seed=...)")
-    if isinstance(prompt_or_prompts, torch.Tensor) or type(prompt_or_prompts).__module__ == "numpy":
-        prompt_or_prompts = prompt_or_prompts.tolist()  # 1-D: one prompt of ids; 2-D: a batch
+    prompt_or_prompts = _plain(prompt_or_prompts)  # a tensor or array of ids: 1-D one prompt, 2-D a batch
     if prompt_or_prompts is None or isinstance(prompt_or_prompts, (dict, int, float)):
         raise InputError(f"`prompt_or_prompts` must be text, chat messages, token ids or a list of those, got "
                          f"{prompt_or_prompts!r}" + ("; wrap a single message in a list"
@@ -175,6 +173,13 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
                            lookup=lookup, tree=tree)
     done = [_completion(target, r) for r in results]
     return done[0] if single else done
+
+
+def _plain(prompt):
+    """A tensor or NumPy array of ids as (nested) Python lists; anything else as it is."""
+    if isinstance(prompt, torch.Tensor) or type(prompt).__module__ == "numpy":
+        return prompt.tolist()
+    return prompt
 
 
 def _is_ids(prompt) -> bool:

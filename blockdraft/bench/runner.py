@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decode.generate import check_request
+from ..decode.requests import check_request
 from ..metrics import AcceptanceStats
 from ..model.target import Target
 from ..sampling import SamplingParams

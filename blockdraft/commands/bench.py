@@ -16,7 +16,7 @@ from ..bench import BenchSettings, benchmark
 from ..bench.methods import METHODS, REQUIRED, choose_methods
 from ..bench.plot import save_plot
 from ..bench.report import render, save_json, summary_line
-from ..decode.generate import check_request
+from ..decode.requests import check_request
 from ..errors import InputError
 from ..io.targets import load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts

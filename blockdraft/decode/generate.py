@@ -21,7 +21,7 @@ from ..model.target import Target
 from .drafter import Drafter
 from .lookup import PromptLookup
 from .policy import make_policy
-from .requests import check_request, check_stream_options, stop_ids  # noqa: F401 (check_request: re-exported)
+from .requests import check_request, check_stream_options, stop_ids
 from .selection import Selector
 from .state import DecodeState
 from .step import prefill, step
