@@ -51,7 +51,7 @@ class Completion:
 def load_draft(path: str | Path | None = None, target: Target | None = None, *, strict: bool = False,
                allow_last_layer: bool = False, full_vocab: bool = False,
                context_window: ContextWindow | None = None) -> DFlashDraftModel:
-    """Load a draft folder (FORMAT.md), validated against `target` when given; None loads the shipped one.
+    """Load a draft folder (docs/format.md), validated against `target` when given; None loads the shipped one.
 
     A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
     still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and

@@ -1,7 +1,7 @@
 """The draft configuration: a frozen, validated `DraftConfig`, the default layer-id rule and the loss decay.
 
 `DraftConfig.from_dict` reads both published `config.json` layouts and `to_dict` writes the one blockdraft
-publishes (FORMAT.md §4-5). Every check fails closed (FORMAT.md §6): all problems are collected and raised
+publishes (docs/format.md §4-5). Every check fails closed (docs/format.md §6): all problems are collected and raised
 as one `ConfigError` whose lines name the field, the value found and the fix. Checks against a target
 (layer count, width, vocabulary, mask token, RoPE, fingerprints) live in `blockdraft.io.validate` and are
 re-exported here; reading config.json's two layouts and the per-field checks live in
@@ -35,11 +35,11 @@ from .io.validate import (
     tokenizer_sha256,
 )
 
-# Loss decay per block size (TRAINING.md §1); other sizes have no published value.
+# Loss decay per block size (docs/training.md §1); other sizes have no published value.
 GAMMA_BY_BLOCK_SIZE = {16: 7.0, 10: 5.0, 8: 4.0}
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """TRAINING.md §1: `[N // 2]` for one id, else n ids spread evenly over 1..N-3 (half-to-even rounding).
+    """docs/training.md §1: `[N // 2]` for one id, else n ids spread evenly over 1..N-3 (half-to-even rounding).
 
     N=30, n=5 -> (1, 8, 14, 20, 27): 7.5 rounds to 8 and 20.5 to 20, as Python's `round` does.
     """
@@ -58,7 +58,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
 
 
 def gamma_for_block_size(block_size: int) -> float:
-    """The loss decay gamma for block size K (TRAINING.md §1): 16 -> 7, 10 -> 5, 8 -> 4."""
+    """The loss decay gamma for block size K (docs/training.md §1): 16 -> 7, 10 -> 5, 8 -> 4."""
     if block_size not in GAMMA_BY_BLOCK_SIZE or isinstance(block_size, bool):
         raise ConfigError(f"no published loss decay gamma for `block_size` {block_size!r} (known: 16, 10, 8); "
                           "pass gamma explicitly (--gamma)")
@@ -67,7 +67,7 @@ def gamma_for_block_size(block_size: int) -> float:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """A DFlash v1 draft's shape and the target interface it was trained for (FORMAT.md §4).
+    """A DFlash v1 draft's shape and the target interface it was trained for (docs/format.md §4).
 
     Lists are stored as tuples; `provenance` is the top-level `blockdraft` dict of the checkpoint.
     """
@@ -104,7 +104,7 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> DraftConfig:
-        """Read a parsed `config.json`, flat or nested layout (FORMAT.md §4, §6 items 1-9)."""
+        """Read a parsed `config.json`, flat or nested layout (docs/format.md §4, §6 items 1-9)."""
         if not isinstance(data, dict):
             raise ConfigError(f"a draft config must be a JSON object, got {type(data).__name__}; "
                               "pass the parsed config.json")
@@ -116,7 +116,7 @@ class DraftConfig:
         return cls(**values)
 
     def to_dict(self, dtype: str = "bfloat16") -> dict[str, Any]:
-        """The layout blockdraft writes (FORMAT.md §5): flat, `block_size` copied into `dflash_config`."""
+        """The layout blockdraft writes (docs/format.md §5): flat, `block_size` copied into `dflash_config`."""
         nested: dict[str, Any] = {"block_size": self.block_size, "mask_token_id": self.mask_token_id,
                                   "target_layer_ids": list(self.target_layer_ids)}
         # Extras are only ever present when read from a file that had them; dropping them on re-save would
@@ -147,7 +147,7 @@ class DraftConfig:
     @classmethod
     def for_target(cls, target_config, num_draft_layers: int, block_size: int = 16, *, mask_token_id: int,
                    target_layer_ids=None, max_position_embeddings: int | None = None) -> DraftConfig:
-        """A fresh draft shaped like the target (TRAINING.md §1): width, heads, MLP, eps, RoPE, positions, vocab."""
+        """A fresh draft shaped like the target (docs/training.md §1): width, heads, MLP, eps, RoPE, positions, vocab."""
         shape = target_shape(target_config)
         N = shape["num_hidden_layers"]
         ids = default_target_layer_ids(N, num_draft_layers) if target_layer_ids is None else tuple(target_layer_ids)

@@ -1,4 +1,4 @@
-"""Batches and seeds through the whole decode loop (DESIGN.md §4), and bad sampling input.
+"""Batches and seeds through the whole decode loop (docs/design.md §4), and bad sampling input.
 
 - Greedy rows of a ragged batch equal the same rows decoded alone.
 - A sampled row's tokens depend only on its seed, not on the batch it shares; unseeded sampling leaves the

@@ -1,4 +1,4 @@
-"""Draft checkpoint folders: round trips (single file and shards) and every refusal of FORMAT.md §6 item 10."""
+"""Draft checkpoint folders: round trips (single file and shards) and every refusal of docs/format.md §6 item 10."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_expected_tensor_set():
                              "vocab_size": 49152, "num_target_layers": 30, "target_layer_ids": (1, 8, 14, 20, 27),
                              "layer_types": ("full_attention",) * 5})
     shapes = expected_tensor_shapes(smollm2)
-    assert len(shapes) == 58 and sum(torch.Size(s).numel() for s in shapes.values()) == 19_361_152  # FORMAT.md §2
+    assert len(shapes) == 58 and sum(torch.Size(s).numel() for s in shapes.values()) == 19_361_152  # docs/format.md §2
 
 
 def test_round_trip_single_file(tmp_path):

@@ -21,7 +21,7 @@ from blockdraft.config import (
 )
 from blockdraft.errors import ConfigError
 
-# FORMAT.md §5, verbatim: the file blockdraft writes for 5 layers over SmolLM2-135M-Instruct.
+# docs/format.md §5, verbatim: the file blockdraft writes for 5 layers over SmolLM2-135M-Instruct.
 FORMAT_EXAMPLE = {
     "architectures": ["DFlashDraftModel"],
     "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
@@ -110,7 +110,7 @@ class FakeTokenizer:
     (36, 5, (1, 9, 17, 25, 33)), (28, 5, (1, 7, 13, 19, 25)), (32, 5, (1, 8, 15, 22, 29)),
 ])
 def test_default_layer_ids_match_training_examples(N, n, ids):
-    assert default_target_layer_ids(N, n) == ids, "TRAINING.md §1 worked examples; other ids collapse acceptance"
+    assert default_target_layer_ids(N, n) == ids, "docs/training.md §1 worked examples; other ids collapse acceptance"
 
 
 def test_default_layer_ids_refuse_impossible_spreads():
@@ -134,7 +134,7 @@ def test_format_example_parses_and_is_written_back_exactly():
     cfg = DraftConfig.from_dict(copy.deepcopy(FORMAT_EXAMPLE))
     assert cfg.target_layer_ids == (1, 8, 14, 20, 27) and cfg.mask_token_id == 16 and cfg.block_size == 16
     assert cfg.provenance == FORMAT_EXAMPLE["blockdraft"]
-    assert cfg.to_dict() == FORMAT_EXAMPLE, "to_dict must write FORMAT.md §5's layout key for key"
+    assert cfg.to_dict() == FORMAT_EXAMPLE, "to_dict must write docs/format.md §5's layout key for key"
 
 
 def test_flat_and_nested_published_layouts_load_alike():
@@ -165,7 +165,7 @@ def test_lists_become_tuples():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Refusals of the checkpoint alone (FORMAT.md §6); each message names the field
+# Refusals of the checkpoint alone (docs/format.md §6); each message names the field
 
 
 @pytest.mark.parametrize("ids, words", [
@@ -264,7 +264,7 @@ def test_all_problems_are_reported_at_once():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Against the target (FORMAT.md §6)
+# Against the target (docs/format.md §6)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -350,7 +350,7 @@ def test_shorter_draft_positions_warn():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Choosing the mask (TRAINING.md §1)
+# Choosing the mask (docs/training.md §1)
 
 
 def test_mask_choice_order():

@@ -1,4 +1,4 @@
-"""D-PACE slot weights (TRAINING.md §3): w_k = v_k · sg[Σ_{m=k}^{K-1} v_m Π_{i=1}^{m} q̃_i], q̃_i = (1-α)e^{-CE_i} + α."""
+"""D-PACE slot weights (docs/training.md §3): w_k = v_k · sg[Σ_{m=k}^{K-1} v_m Π_{i=1}^{m} q̃_i], q̃_i = (1-α)e^{-CE_i} + α."""
 
 from __future__ import annotations
 

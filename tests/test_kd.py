@@ -1,4 +1,4 @@
-"""The KD objective (TRAINING.md §3): slot k of block j learns the target's distribution at p_j+k-1.
+"""The KD objective (docs/training.md §3): slot k of block j learns the target's distribution at p_j+k-1.
 
 The teacher index is the pitfall: the distribution at p_j+k-1 predicts x[p_j+k], the slot's label; the one at
 p_j+k predicts the token after it. Every check compares against a per-slot loop written from the formula.

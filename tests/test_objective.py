@@ -1,4 +1,4 @@
-"""The training objective (TRAINING.md §2, §6 tests 1-8) on tiny fp32 targets.
+"""The training objective (docs/training.md §2, §6 tests 1-8) on tiny fp32 targets.
 
 The spine is test 1: the training path (all blocks at once under the anchor mask) must compute exactly what
 the decoder computes for each block alone, or the draft learns a task it never faces at inference.

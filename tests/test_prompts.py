@@ -20,7 +20,7 @@ from blockdraft.prompts import (
 from blockdraft.prompts.readers import main_solution_stub, read_records
 from blockdraft.prompts.registry import file_sha256, package_root, verified_file
 
-# Record counts and sha256 prefixes as DATA.md §4 states them, kept apart from the registry so a typo in
+# Record counts and sha256 prefixes as docs/data.md §4 states them, kept apart from the registry so a typo in
 # either one fails here.
 EXPECTED = {
     "humaneval": (164, "b796127e635a67f9"),
@@ -51,7 +51,7 @@ def need(*names: str) -> None:
 
 
 def test_registry_covers_exactly_the_documented_sets():
-    assert set(PROMPT_SETS) == set(EXPECTED), "every set in DATA.md needs a registry entry and a file test"
+    assert set(PROMPT_SETS) == set(EXPECTED), "every set in docs/data.md needs a registry entry and a file test"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -60,7 +60,7 @@ def test_set_file_has_pinned_record_count_and_sha256(name):
     spec = PROMPT_SETS[name]
     path, _ = verified_file(spec)
     count, sha = EXPECTED[name]
-    assert file_sha256(path).startswith(sha), f"{name}: the installed file is not the one DATA.md pins"
+    assert file_sha256(path).startswith(sha), f"{name}: the installed file is not the one docs/data.md pins"
     assert sum(1 for _ in read_records(spec, path)) == count, f"{name}: reader lost or invented records"
 
 

@@ -1,4 +1,4 @@
-"""Resuming a training run (TRAINING.md §7): a killed run continues to the weights of an uninterrupted one, and
+"""Resuming a training run (docs/training.md §7): a killed run continues to the weights of an uninterrupted one, and
 a checkpoint, log or setting it cannot continue from is refused by name before any step."""
 
 from __future__ import annotations

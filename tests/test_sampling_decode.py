@@ -1,4 +1,4 @@
-"""Exact sampling through the whole decode loop (DESIGN.md §3).
+"""Exact sampling through the whole decode loop (docs/design.md §3).
 
 At temperature > 0 the speculative loop's first tokens follow the target's own joint distribution, computed
 exactly by enumerating every continuation on a tiny vocabulary; a chi-square test at alpha 0.01 over thousands of

@@ -1,4 +1,4 @@
-"""The trainer (TRAINING.md §6 tests 9-11, §7): frozen target, loss normalisation, checkpoints, DDP (resume:
+"""The trainer (docs/training.md §6 tests 9-11, §7): frozen target, loss normalisation, checkpoints, DDP (resume:
 test_resume.py).
 
 Tiny fp32 targets, a few steps each. Exactness claims (micro-batches, resume, ranks) compare final weights.

@@ -35,12 +35,12 @@ def add_arguments(parser) -> None:
                              "every saved draft): evens out the target's few huge feature dimensions")
     parser.add_argument("--loss", choices=("ce", "kd"), default="ce",
                         help="ce: cross-entropy on the target's tokens; kd: also match the target's distribution "
-                             "(TRAINING.md §3; the teacher's states are cached with --cache-features)")
+                             "(docs/training.md §3; the teacher's states are cached with --cache-features)")
     parser.add_argument("--kd-weight", type=float, default=None,
                         help="λ of (1-λ)·CE + λ·KD with --loss kd (default 1: pure KD)")
     parser.add_argument("--weighting", choices=("decay", "dpace"), default="decay",
                         help="slot weights: decay exp(-(k-1)/gamma), or dpace from the draft's own acceptance "
-                             "(TRAINING.md §3)")
+                             "(docs/training.md §3)")
     parser.add_argument("--dpace-alpha", type=float, default=0.5, help="D-PACE's acceptance floor α")
     parser.add_argument("--proposal-vocab", action="store_true",
                         help="score only the ids the decoder drafts from (those emitted in the training responses, "

@@ -191,12 +191,12 @@ def _as_list(budget, count: int) -> list[int]:
 def as_drafter(target: Target, draft, block_size: int | None):
     """A draft model becomes a Drafter at the requested block size; a Drafter-like object passes through.
 
-    A draft model is checked against the target first (once per pair): its shape and interface (FORMAT.md), and
+    A draft model is checked against the target first (once per pair): its shape and interface (docs/format.md), and
     that it lies on the target's device in its dtype, as `load_draft(path, target)` places it."""
     if not isinstance(draft, DFlashDraftModel):
         return draft
     if getattr(draft, "checked_with", None) is not target:
-        # The last-layer id is a portability rule of load_draft (FORMAT.md §3.1); this loop taps it as HF does.
+        # The last-layer id is a portability rule of load_draft (docs/format.md §3.1); this loop taps it as HF does.
         check_against_target(draft.config, target.config, allow_last_layer=True)
         weight = draft.fc.weight
         if (weight.device, weight.dtype) != (target.device, target.dtype):

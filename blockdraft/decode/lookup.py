@@ -7,7 +7,7 @@ row's last `min_ngram` tokens that shares the longest suffix with the row (up to
 recent among equals).
 
 A lookup block is verified like any block, so greedy output stays the target's own. Under sampling a lookup
-proposal is a point mass, q = one-hot, for which rejection sampling is exact (DESIGN.md §3): the token is
+proposal is a point mass, q = one-hot, for which rejection sampling is exact (docs/design.md §3): the token is
 accepted with probability p(token), and a rejection draws from p with that token removed.
 
 With token trees (tree.py), the lookup does not compete with the draft: each row's continuation is grafted

@@ -41,7 +41,7 @@ SAMPLERS = ("auto", "coupled", "rejection")
 def is_coupled(sampler: str, greedy: bool, seeded: bool) -> bool:
     """Whether to sample coupled: `sampler` "coupled", or "auto" with a seed from the user, so that the seed gives
     the target's own sample of that seed (in float32; up to rounding at near-ties in 16-bit floats); "rejection"
-    samples the draft's proposals and tests them against p (DESIGN.md §3). Greedy decoding is neither."""
+    samples the draft's proposals and tests them against p (docs/design.md §3). Greedy decoding is neither."""
     if sampler not in SAMPLERS:
         raise InputError(f"`sampler` must be one of {', '.join(SAMPLERS)}, got {sampler!r}; use auto (coupled "
                          "when seeded, rejection otherwise)")
@@ -52,7 +52,7 @@ class Selector:
     """Greedy (temperature 0) or sampled selection for rows identified by the caller's row ids.
 
     `draft_argmax=True` proposes the draft's argmax instead of sampling from q; acceptance then uses the
-    one-hot q, which is still exact (DESIGN.md §3). `coupled=True` samples by the Gumbel-max trick with noise
+    one-hot q, which is still exact (docs/design.md §3). `coupled=True` samples by the Gumbel-max trick with noise
     keyed by (row seed, position) instead (sampling/gumbel.py): the draft proposes with the same noise and the
     target's picks are deterministic, so acceptance is greedy acceptance of perturbed scores and a seed gives
     the target-alone sample of that seed. Row i is seeded with `params.seed + i` (mod 2**64; a random base when

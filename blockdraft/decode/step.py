@@ -1,4 +1,4 @@
-"""One speculative decode step over all live rows (DESIGN.md §2), and the prefill that precedes the first.
+"""One speculative decode step over all live rows (docs/design.md §2), and the prefill that precedes the first.
 
 Shapes: B live rows, K block size, V vocabulary, L*D tapped feature width.
 """

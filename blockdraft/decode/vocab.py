@@ -8,7 +8,7 @@ them, and the target still verifies every proposal, so greedy output stays the t
 stays exact (the rejection test uses the same q the proposal was drawn from, zero outside the vocabulary).
 Only acceptance can change, where the target emits an id the draft could not propose.
 
-The list lives beside a draft as `blockdraft_vocab.json`, a sidecar that other engines never read: FORMAT.md
+The list lives beside a draft as `blockdraft_vocab.json`, a sidecar that other engines never read: docs/format.md
 keeps the weights and config.json free of any draft vocabulary (`d2t` is refused there).
 
 Shapes: V target vocabulary, N ids in the draft vocabulary, D hidden.

@@ -1,4 +1,4 @@
-"""Bounded draft memory (DESIGN.md §5): the draft's context cache keeps the first `sinks` positions and the last
+"""Bounded draft memory (docs/design.md §5): the draft's context cache keeps the first `sinks` positions and the last
 `window` positions, so its memory and its attention cost stay flat however long the context grows.
 
 Slots: position p < sinks lives in slot p; any later position in slot sinks + (p - sinks) mod window, a ring.

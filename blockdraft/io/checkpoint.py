@@ -1,4 +1,4 @@
-"""Draft checkpoint folders (FORMAT.md §1-2, §5-6): `config.json` plus safetensors, single file or HF shards.
+"""Draft checkpoint folders (docs/format.md §1-2, §5-6): `config.json` plus safetensors, single file or HF shards.
 
 Reading checks every tensor name, dtype and shape from the safetensors headers before any weight is
 allocated, then refuses non-finite values. Only safetensors is ever read or written (no pickle).
@@ -31,7 +31,7 @@ MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit; a larger length field 
 
 
 def expected_tensor_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
-    """FORMAT.md §2: every tensor of a draft with this config and its shape (11ℓ+3, plus 4ℓ biases)."""
+    """docs/format.md §2: every tensor of a draft with this config and its shape (11ℓ+3, plus 4ℓ biases)."""
     D, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     shapes = {"fc.weight": (D, len(cfg.target_layer_ids) * D), "hidden_norm.weight": (D,), "norm.weight": (D,)}
@@ -75,7 +75,7 @@ def read_config(path: str | Path) -> DraftConfig:
 
 def read_checkpoint(path: str | Path, *,
                     dtype: torch.dtype | None = None) -> tuple[DraftConfig, dict[str, torch.Tensor]]:
-    """Load a draft folder: (config, state dict with FORMAT.md §2 names), tensors cast to `dtype` if given."""
+    """Load a draft folder: (config, state dict with docs/format.md §2 names), tensors cast to `dtype` if given."""
     folder = Path(path)
     cfg = read_config(folder)
     files, weight_map = _weight_files(folder)
@@ -198,7 +198,7 @@ def nonfinite_problems(tensors: dict[str, torch.Tensor]) -> list[str]:
 
 def write_checkpoint(path: str | Path, cfg: DraftConfig, state_dict: dict[str, torch.Tensor], *,
                      dtype: torch.dtype = torch.bfloat16, max_shard_size: int = 15 * 2**20) -> None:
-    """Write `config.json` (FORMAT.md §5) and the §2 tensors as safetensors, HF-sharded above `max_shard_size`."""
+    """Write `config.json` (docs/format.md §5) and the §2 tensors as safetensors, HF-sharded above `max_shard_size`."""
     if dtype not in TORCH_DTYPES:
         raise CheckpointError(f"checkpoint dtype must be one of {list(TORCH_DTYPES)}, got {dtype}; pass a float dtype")
     expected = expected_tensor_shapes(cfg)
@@ -224,7 +224,7 @@ def write_checkpoint(path: str | Path, cfg: DraftConfig, state_dict: dict[str, t
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     config = cfg.to_dict(dtype=str(dtype).removeprefix("torch."))
     # dflash.py is not shipped, and an auto_map naming a missing file breaks AutoModel(trust_remote_code=True);
-    # without it HF readers load the folder as plain Qwen3 (FORMAT.md §4) and engines ignore it.
+    # without it HF readers load the folder as plain Qwen3 (docs/format.md §4) and engines ignore it.
     del config["auto_map"]
     # Written last: a folder whose config.json exists has complete weights.
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -3,7 +3,7 @@
 `DraftConfig.from_dict` (blockdraft.config) runs these in order: `variant_problems` refuses DFlash variants
 that compute something else, `read_fields` collects the values from the flat or the nested
 (`dflash_config`) layout, `config_problems` checks them. Every problem names the field, the value found and
-the fix (FORMAT.md §6); they are collected and raised once by the caller.
+the fix (docs/format.md §6); they are collected and raised once by the caller.
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ from .validate import is_int, is_number, normalise_rope_scaling
 
 ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# Loss decay per block size (TRAINING.md §1); other sizes have no published value.
+# Loss decay per block size (docs/training.md §1); other sizes have no published value.
 # Fields that live in `dflash_config` (or, in older files, at the top level); never guessed when missing.
 DFLASH_FIELDS = ("block_size", "target_layer_ids", "mask_token_id", "num_target_layers")
-# Newer z-lab extras (FORMAT.md §3.8): applied when present; blockdraft never sets them itself.
+# Newer z-lab extras (docs/format.md §3.8): applied when present; blockdraft never sets them itself.
 EXTRA_FIELDS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
 POSITIVE_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                        "head_dim", "intermediate_size", "max_position_embeddings", "vocab_size")
 # Top-level shape fields a published draft always carries; a missing one would fall back to a Qwen3 default
-# that belongs to some other model (FORMAT.md §4), so it is refused instead.
+# that belongs to some other model (docs/format.md §4), so it is refused instead.
 REQUIRED_FLAT_FIELDS = POSITIVE_INT_FIELDS + ("rms_norm_eps",)
 
 
 def variant_problems(data: dict) -> list[str]:
-    """FORMAT.md §6 items 1-2: only DFlash v1 Qwen3-style drafts; other variants compute something else."""
+    """docs/format.md §6 items 1-2: only DFlash v1 Qwen3-style drafts; other variants compute something else."""
     problems = []
     archs = data.get("architectures")
     if isinstance(archs, list) and "DFlash2DraftModel" in archs:
@@ -45,7 +45,7 @@ def variant_problems(data: dict) -> list[str]:
     checks = [("model_type", data.get("model_type"), "qwen3"), ("hidden_act", data.get("hidden_act", "silu"), "silu")]
     problems += [f"`{name}` must be {want!r}, got {got!r}; DFlash v1 drafts are Qwen3-style with SwiGLU (silu)"
                  for name, got, want in checks if got != want]
-    # Non-causal full attention is the format's semantics (FORMAT.md §3.5); a causal override is another model.
+    # Non-causal full attention is the format's semantics (docs/format.md §3.5); a causal override is another model.
     if True in (data.get("is_causal"), nested.get("is_causal")):
         problems.append("`is_causal` is true; blockdraft runs DFlash draft attention non-causally; "
                         "use a draft trained with non-causal full attention")
@@ -149,7 +149,7 @@ def _read_layer_types(data: dict, problems: list[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checking values (FORMAT.md §6 "checkpoint alone" items 3-9)
+# Checking values (docs/format.md §6 "checkpoint alone" items 3-9)
 
 
 def config_problems(v: dict[str, Any]) -> list[str]:
@@ -190,7 +190,7 @@ def _layer_id_problems(v: dict[str, Any]) -> list[str]:
         elif any(b <= a for a, b in pairwise(ids)):
             # fc columns follow list order and TRT-LLM sorts the ids: an unsorted list is not portable.
             problems.append(f"{field} must be strictly increasing, got {list(ids)}; blockdraft loads only drafts "
-                            "trained with increasing, distinct ids (FORMAT.md §3.2); retrain with sorted ids")
+                            "trained with increasing, distinct ids (docs/format.md §3.2); retrain with sorted ids")
         else:
             ids_ok = True
     if "num_target_layers" in v:

@@ -1,7 +1,7 @@
-"""Checks that refuse a draft before it can silently decode badly (FORMAT.md §6).
+"""Checks that refuse a draft before it can silently decode badly (docs/format.md §6).
 
 Three groups: a draft config against its target (layer count, width, vocabulary, mask token, RoPE,
-fingerprints), the choice of a mask token for a new draft (TRAINING.md §1), and the tensor names, dtypes and
+fingerprints), the choice of a mask token for a new draft (docs/training.md §1), and the tensor names, dtypes and
 shapes of a checkpoint as read from its safetensors headers. Problems are collected and raised once.
 This module needs neither torch nor the draft config class, so `blockdraft.config` can build on it.
 """
@@ -32,7 +32,7 @@ def is_number(value) -> bool:
 
 
 def raise_collected(problems: list[str], error: type[BlockdraftError] = ConfigError) -> None:
-    """Raise one error listing every problem, or return if there are none (FORMAT.md §6: collect, raise once)."""
+    """Raise one error listing every problem, or return if there are none (docs/format.md §6: collect, raise once)."""
     if not problems:
         return
     if len(problems) == 1:
@@ -98,14 +98,14 @@ def _sha256_json(obj) -> str:
 
 
 def target_arch_sha256(target_config) -> str:
-    """SHA-256 of the sorted-key compact JSON of the target's N, D, h, g, d, I, vocab, RoPE and eps (FORMAT.md §5)."""
+    """SHA-256 of the sorted-key compact JSON of the target's N, D, h, g, d, I, vocab, RoPE and eps (docs/format.md §5)."""
     shape = target_shape(target_config)
     del shape["max_position_embeddings"]  # not part of the fingerprint: positions do not change the features
     return _sha256_json(shape)
 
 
 def tokenizer_sha256(tokenizer) -> str:
-    """SHA-256 of the sorted-key compact JSON of the tokenizer's token -> id map (FORMAT.md §5)."""
+    """SHA-256 of the sorted-key compact JSON of the tokenizer's token -> id map (docs/format.md §5)."""
     vocab = _vocab(tokenizer)
     if not vocab:
         raise ConfigError(f"cannot fingerprint tokenizer {type(tokenizer).__name__}: it has no get_vocab(); "
@@ -134,7 +134,7 @@ def provenance_for(target_config, tokenizer=None, *, target: str | None = None,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# A draft config against its target (FORMAT.md §6 "against the target")
+# A draft config against its target (docs/format.md §6 "against the target")
 
 
 def check_against_target(cfg, target_config, tokenizer=None, *, allow_last_layer: bool = False,
@@ -142,7 +142,7 @@ def check_against_target(cfg, target_config, tokenizer=None, *, allow_last_layer
     """Refuse a draft that does not fit `target_config` (raises ConfigError listing every failure).
 
     Returns warnings for the caller to show: shorter draft positions, and fingerprint mismatches
-    (which `strict=True` turns into errors). `allow_last_layer` accepts id N-1 (FORMAT.md §3.1).
+    (which `strict=True` turns into errors). `allow_last_layer` accepts id N-1 (docs/format.md §3.1).
     """
     target = target_shape(target_config)
     problems = _layer_problems(cfg, target["num_hidden_layers"], allow_last_layer)
@@ -202,7 +202,7 @@ def _fingerprint_mismatches(provenance: dict, target_config, tokenizer) -> list[
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The mask token (TRAINING.md §1)
+# The mask token (docs/training.md §1)
 
 
 def mask_problems(mask: int, rows: int, target_config, tokenizer=None) -> list[str]:
@@ -230,7 +230,7 @@ def mask_problems(mask: int, rows: int, target_config, tokenizer=None) -> list[s
 
 
 def choose_mask_token_id(tokenizer, target_config, user_value: int | None = None) -> int:
-    """The mask id for a new draft, in TRAINING.md §1's order; raises ConfigError if none is safe.
+    """The mask id for a new draft, in docs/training.md §1's order; raises ConfigError if none is safe.
 
     1. `user_value`; 2. `tokenizer.mask_token_id`; 3. the tokenizer's `<|MASK|>`, or the first embedding row
     past the tokenizer (where an added `<|MASK|>` lands; Qwen3: 151669); 4. a reserved unused special.
@@ -260,7 +260,7 @@ def unused_specials(tokenizer, target_config, rows: int) -> list[int]:
 
     Tokenizers put their reserved specials in one run; its first entries are the control tokens, so the
     caller takes the last unused one, furthest from them. SmolLM2: run 0..16, 3..16 unused -> 16
-    `<empty_output>`, the value TRAINING.md fixes.
+    `<empty_output>`, the value docs/training.md fixes.
     """
     specials = _added_specials(tokenizer)
     run: list[int] = []
@@ -303,11 +303,11 @@ def _vocab(tokenizer) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checkpoint tensors (FORMAT.md §2, §6 item 10)
+# Checkpoint tensors (docs/format.md §2, §6 item 10)
 
 
 def canonical_tensor_names(stored: list[str]) -> tuple[dict[str, str], list[str]]:
-    """Map FORMAT.md §2 names to stored names; returns (mapping, problems).
+    """Map docs/format.md §2 names to stored names; returns (mapping, problems).
 
     A leading `model.` (vLLM-style export) is stripped with a warning; the target's `embed_tokens` and
     `lm_head` are dropped with a warning, since the target's own are always used.
@@ -327,7 +327,7 @@ def canonical_tensor_names(stored: list[str]) -> tuple[dict[str, str], list[str]
             names[canonical] = name
     if prefixed:
         warnings.warn(f"{len(prefixed)} tensor names carry a leading `model.` prefix (e.g. `{prefixed[0]}`); "
-                      "stripped it; FORMAT.md §2 names have none", stacklevel=3)
+                      "stripped it; docs/format.md §2 names have none", stacklevel=3)
     if ignored:
         warnings.warn(f"ignoring {ignored}: the draft uses the target's own embedding and lm_head", stacklevel=3)
     return names, problems
@@ -340,7 +340,7 @@ def tensor_problems(expected: dict[str, tuple[int, ...]], found: dict[str, tuple
     missing = [name for name in expected if name not in found]
     if unknown:
         problems.append(f"unexpected tensors {_some(unknown)}: not part of a DFlash v1 draft with this config.json "
-                        "(FORMAT.md §2); a different variant or a bad conversion; use a DFlash v1 checkpoint")
+                        "(docs/format.md §2); a different variant or a bad conversion; use a DFlash v1 checkpoint")
     if missing:
         problems.append(f"missing tensors {_some(missing)}; the weights do not match config.json (`num_hidden_layers`, "
                         "`attention_bias`); use the config.json that belongs to these weights")

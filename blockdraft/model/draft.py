@@ -1,7 +1,7 @@
-"""The DFlash draft network (DESIGN.md §1, FORMAT.md §2-3).
+"""The DFlash draft network (docs/design.md §1, docs/format.md §2-3).
 
 It has no embedding and no LM head: the caller embeds the block with the target's `embed_tokens` and
-scores the output with the target's `lm_head`. Tensor names match FORMAT.md §2 so that published
+scores the output with the target's `lm_head`. Tensor names match docs/format.md §2 so that published
 DFlash v1 checkpoints load as they are.
 
 Shapes: B batch, T context positions, Q block rows, D hidden, L tapped target layers, Hkv kv heads, Dh head dim.

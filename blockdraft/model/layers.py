@@ -114,7 +114,7 @@ class SwiGLU(nn.Module):
 
 @dataclass
 class AnchoredBlocks:
-    """The training mask in factored form (TRAINING.md §2.4): rows are A blocks of K slots; a row sees the
+    """The training mask in factored form (docs/training.md §2.4): rows are A blocks of K slots; a row sees the
     context positions that `context` allows and every slot of its own block, nothing of the other blocks.
 
     Same result as the dense [B, Q, T+Q] mask, at O(Q·(T+K)) instead of O(Q·(T+Q)) attention cost.
@@ -146,10 +146,10 @@ def anchored_attention(q, ctx_k, ctx_v, block_k, block_v, mask: AnchoredBlocks) 
 class InjectedAttention(nn.Module):
     """Attention whose keys/values are [context; block] and whose queries are the block only.
 
-    The context part comes from the fused target features `ctx` (DESIGN.md §1): it is projected once per
+    The context part comes from the fused target features `ctx` (docs/design.md §1): it is projected once per
     committed position by `context_kv` and cached by the caller; the block part is projected on every call
     and never cached. The mask is supplied by the caller: at inference it only hides padded context slots
-    (attention is non-causal), in training it is the anchor-block mask of TRAINING.md §2.
+    (attention is non-causal), in training it is the anchor-block mask of docs/training.md §2.
     """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool) -> None:
@@ -186,7 +186,7 @@ class InjectedAttention(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    """One pre-norm Qwen3-style layer with KV injection (FORMAT.md §3.4)."""
+    """One pre-norm Qwen3-style layer with KV injection (docs/format.md §3.4)."""
 
     def __init__(self, cfg) -> None:
         super().__init__()

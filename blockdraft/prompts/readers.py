@@ -45,7 +45,7 @@ def read_records(spec: PromptSet, path: str) -> Iterator[dict]:
 
 
 def _truncated_array(text: str) -> Iterator[dict]:
-    """Records of a JSON array cut off mid-record: every complete record before the cut (DATA.md §2)."""
+    """Records of a JSON array cut off mid-record: every complete record before the cut (docs/data.md §2)."""
     decoder = json.JSONDecoder()
     i = text.index("[") + 1
     while True:

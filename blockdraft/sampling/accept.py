@@ -1,6 +1,6 @@
 """Acceptance math for one speculative step: which proposals to keep and which token the target adds.
 
-Notation (DESIGN.md §2-3): p is the target's distribution and q the draft's, both made by the same
+Notation (docs/design.md §2-3): p is the target's distribution and q the draft's, both made by the same
 `logits_to_probs` transform. Every function here maps tensors to tensors; no model, cache or config.
 
 - block: K consecutive slots 0..K-1, at positions s..s+K-1, drafted and verified together.

@@ -10,7 +10,7 @@ greedy verification of perturbed scores: a seeded sample equals the target-alone
 for token, at any block size, tree width or batch, and every greedy device (adaptive widths, token trees, prompt
 lookup) applies unchanged. The draft guesses well when q is close to p, since both argmaxes see the same noise.
 
-p is the target's distribution, q the draft's (DESIGN.md §3), both through `logits_to_probs`.
+p is the target's distribution, q the draft's (docs/design.md §3), both through `logits_to_probs`.
 Shapes: n positions, V vocabulary; `...` any leading dimensions.
 """
 

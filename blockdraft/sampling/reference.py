@@ -1,7 +1,7 @@
 """Slow, loop-by-loop versions of `accept.py` and the inverse-CDF draw, for tests only.
 
 Each works on Python floats one row and one slot at a time, in the order the algorithm is written in
-DESIGN.md §3, so it can be read against the spec line by line. Tests check the fast tensor code against these
+docs/design.md §3, so it can be read against the spec line by line. Tests check the fast tensor code against these
 on the same uniforms. Notation and tensor layout as in `accept.py`.
 """
 

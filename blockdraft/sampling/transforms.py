@@ -1,7 +1,7 @@
 """The one logits -> probabilities transform, and sampling by inverse CDF from explicit uniforms.
 
 `logits_to_probs` runs once on the target's logits (giving p) and once on the draft's logits (giving q) with the
-same `SamplingParams`, so the acceptance math in `accept.py` only ever sees probabilities (DESIGN.md §3).
+same `SamplingParams`, so the acceptance math in `accept.py` only ever sees probabilities (docs/design.md §3).
 
 Randomness enters as uniforms in [0, 1). They come from one torch.Generator for a whole batch, from the global
 generator (None), or from one generator per row, so that a row draws the same numbers whatever batch it shares.

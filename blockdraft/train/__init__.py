@@ -1,1 +1,1 @@
-"""Training a DFlash draft: target-regenerated data, the block objective, the trainer (TRAINING.md)."""
+"""Training a DFlash draft: target-regenerated data, the block objective, the trainer (docs/training.md)."""

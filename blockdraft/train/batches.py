@@ -1,4 +1,4 @@
-"""From examples to the tensors of one training micro-batch (TRAINING.md §2, §7).
+"""From examples to the tensors of one training micro-batch (docs/training.md §2, §7).
 
 Every random choice is a pure function of (seed, epoch) or (seed, step, dataset index), never of the batch
 layout, the micro-batch size or the number of ranks:
@@ -89,7 +89,7 @@ def rank_micro_batches(batch: list[int], rank: int, world: int, micro_batch_size
     """This rank's share of a global batch, cut into micro-batches; None marks a dummy micro-batch.
 
     Every rank runs the same number of micro-batches (DDP needs one backward per rank per micro-batch, or
-    it hangs); a rank whose share is shorter runs dummies with zero weight (TRAINING.md §5.13).
+    it hangs); a rank whose share is shorter runs dummies with zero weight (docs/training.md §5.13).
     """
     share = batch[rank::world]
     count = math.ceil(math.ceil(len(batch) / world) / micro_batch_size)

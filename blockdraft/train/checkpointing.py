@@ -1,4 +1,4 @@
-"""Training checkpoints: all a killed run needs to continue as if it had never stopped (TRAINING.md §7).
+"""Training checkpoints: all a killed run needs to continue as if it had never stopped (docs/training.md §7).
 
 `out/checkpoint/` holds
 - `config.json` + `model.safetensors`: the draft's fp32 master weights (a loadable draft folder as well);

@@ -1,4 +1,4 @@
-"""Held-out evaluation of a draft: teacher-forced block metrics and the online tau (TRAINING.md §4).
+"""Held-out evaluation of a draft: teacher-forced block metrics and the online tau (docs/training.md §4).
 
 Teacher-forced metrics (per-position accuracy acc_k and block tau at every anchor of the held-out data) are
 diagnostics for training curves. The online tau, from the real decode loop with the target at T=0, is the

@@ -1,4 +1,4 @@
-"""Tapped target features kept in memory for the whole run (TRAINING.md §7, "offline feature caching").
+"""Tapped target features kept in memory for the whole run (docs/training.md §7, "offline feature caching").
 
 The target is frozen, so every epoch recomputes the very same features F = hidden_states[l+1] of every
 sequence. With the cache the target runs once per sequence per run (per process: a resumed run refills

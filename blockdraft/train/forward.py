@@ -1,6 +1,6 @@
 """The training-path forward: tapped features from the frozen target, the draft over every block, the head.
 
-The target is frozen (TRAINING.md §1): its embedding embeds the blocks and its LM head scores them, but
+The target is frozen (docs/training.md §1): its embedding embeds the blocks and its LM head scores them, but
 neither is a parameter of anything the optimizer or DDP sees, and neither is ever saved.
 
 Shapes: B sequences, S tokens, A anchors, K block size, D hidden, L tapped layers, V vocabulary.
@@ -18,7 +18,7 @@ from .objective import draft_hidden
 
 
 def freeze_target(target: Target) -> None:
-    """No target weight takes a gradient; a tied head must really be the embedding (TRAINING.md §5.7)."""
+    """No target weight takes a gradient; a tied head must really be the embedding (docs/training.md §5.7)."""
     target.model.requires_grad_(False)
     target.model.eval()
     tied = getattr(target.config, "tie_word_embeddings", False)

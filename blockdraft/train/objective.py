@@ -1,10 +1,10 @@
-"""The DFlash training objective (TRAINING.md §2), as pure functions over tensors.
+"""The DFlash training objective (docs/training.md §2), as pure functions over tensors.
 
 Per sequence: tokens x [S], loss mask m [S] (1 on response tokens), tapped target features F [S, L*D].
 A anchors p_j are drawn from C = {p : m[p] = m[p+1] = 1}; block j is [x[p_j], MASK x (K-1)] at positions
 p_j..p_j+K-1. Block rows see the context strictly before their anchor and their own block (both ways),
 nothing else. Slot k (1..K-1) of block j is trained to predict x[p_j + k] with weight exp(-(k-1)/gamma)
-over the contiguous supervised prefix of the block. Slot 0 never counts. Optionally (KD, TRAINING.md §3) a
+over the contiguous supervised prefix of the block. Slot 0 never counts. Optionally (KD, docs/training.md §3) a
 slot also learns the target's own distribution at p_j+k-1, which predicts its label; D-PACE (§3) replaces
 the decay by weights from the draft's own current acceptance.
 
@@ -69,7 +69,7 @@ def decay_weights(block_size: int, gamma: float) -> torch.Tensor:
 
 
 def block_targets(tokens, loss_mask, anchors, keep, block_size: int, gamma: float) -> Blocks:
-    """Labels and weights of every block (TRAINING.md §2.6)."""
+    """Labels and weights of every block (docs/training.md §2.6)."""
     B, S = tokens.shape
     idx = anchors[..., None] + torch.arange(block_size, device=tokens.device)  # [B, A, K] absolute positions
     inside = idx < S
@@ -133,7 +133,7 @@ def draft_hidden(draft, embed, features, tokens, anchors, keep, block_size: int,
 
 
 def teacher_positions(blocks: Blocks) -> torch.Tensor:
-    """[B, A, K] the position whose target distribution teaches slot k of block j: p_j + k - 1 (TRAINING.md §3).
+    """[B, A, K] the position whose target distribution teaches slot k of block j: p_j + k - 1 (docs/training.md §3).
 
     That distribution predicts x[p_j + k], the slot's label. Slot 0 gets p_j - 1, clamped to 0; it never counts.
     """
@@ -142,7 +142,7 @@ def teacher_positions(blocks: Blocks) -> torch.Tensor:
 
 
 def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
-    """D-PACE slot weights [..., K] (TRAINING.md §3): w_k = v_k · Σ_{m=k}^{K-1} v_m Π_{i=1}^{m} q̃_i.
+    """D-PACE slot weights [..., K] (docs/training.md §3): w_k = v_k · Σ_{m=k}^{K-1} v_m Π_{i=1}^{m} q̃_i.
 
     q̃_i = (1-α)·exp(-CE_i) + α is a floored estimate of slot i's acceptance, so the sum is the expected
     number of accepted slots that need slot k: slots behind a likely miss weigh little. ce and valid [..., K]
@@ -166,7 +166,7 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
 
     hidden [B, A*K, D], head_weight [V, D]. The per-slot loss is CE against the label, or with `teacher`
     (final-normed target states [B, S, D]) and kd_weight λ > 0, (1-λ)·CE + λ·KD with
-    KD = -Σ_v softmax(teacher logits at p_j+k-1)_v · log softmax(Z_{j,k})_v (TRAINING.md §3).
+    KD = -Σ_v softmax(teacher logits at p_j+k-1)_v · log softmax(Z_{j,k})_v (docs/training.md §3).
     With `dpace_alpha`, blocks.weights must be the plain validity v (gamma = inf) and every slot's weight
     becomes `dpace_weights` of the draft's own (detached) CE. With `vocab` (sorted distinct ids [N] that hold
     every supervised label) the head scores those ids only, as the decoder does with a proposal vocabulary:
@@ -236,7 +236,7 @@ def batch_vocab(vocab: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tenso
 def block_tau(hits: torch.Tensor) -> torch.Tensor:
     """Teacher-forced tau of each block: 1 + sum_k prod_{i<=k} hit_i; hits [..., K-1] bool -> [...] float.
 
-    Averaged over full blocks only (w_{j,K-1} > 0), it is TRAINING.md §4's diagnostic; the caller pools the
+    Averaged over full blocks only (w_{j,K-1} > 0), it is docs/training.md §4's diagnostic; the caller pools the
     sums, so that the mean is over blocks, never a mean of per-batch means.
     """
     return 1.0 + hits.long().cumprod(dim=-1).sum(dim=-1).float()

@@ -27,7 +27,7 @@ def check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
 
 def check_data(examples: list[Example], draft_cfg: DraftConfig, where: str,
                max_seq_len: int | None = None) -> str:
-    """Refuse a mask id that occurs in the data (TRAINING.md §5.6), ids outside the embedding and, given the run's
+    """Refuse a mask id that occurs in the data (docs/training.md §5.6), ids outside the embedding and, given the run's
     `max_seq_len`, data of which no example keeps an anchor (two supervised tokens in a row) once truncated: such a
     run would step through all-zero losses and export an untrained draft. Returns a note on the examples that
     truncation cuts or leaves without an anchor ("" when none)."""

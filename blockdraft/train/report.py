@@ -1,7 +1,7 @@
 """What a training run shows and leaves behind: a rich progress bar, `metrics.jsonl` and `curves.png`.
 
 Records are JSON objects with `split` ("train" or "val") and `step`; train records carry lr, loss, acc
-[acc_1..acc_{K-1}] and grad_norm, val records loss, acc and the teacher-forced tf_tau (TRAINING.md §4).
+[acc_1..acc_{K-1}] and grad_norm, val records loss, acc and the teacher-forced tf_tau (docs/training.md §4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`TrainConfig`: one training run's settings (TRAINING.md §1 defaults), validated when built."""
+"""`TrainConfig`: one training run's settings (docs/training.md §1 defaults), validated when built."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_e
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run (TRAINING.md §1 defaults). batch_size counts sequences per optimizer step, all ranks
+    """One training run (docs/training.md §1 defaults). batch_size counts sequences per optimizer step, all ranks
     together; micro_batch_size is per rank (None: the rank's whole share at once)."""
 
     data_dirs: tuple[Path, ...]  # one `blockdraft data` folder, or several read as one set in this order
@@ -43,14 +43,14 @@ class TrainConfig:
     cpu_autocast: bool = False  # CPU runs in fp32 unless this is set
     max_steps: int | None = None  # caps the run and its schedule
     init_from: Path | None = None  # start from this draft folder instead of a random init
-    mask_token_id: int | None = None  # None: TRAINING.md §1's order (tokenizer mask, spare row, unused special)
+    mask_token_id: int | None = None  # None: docs/training.md §1's order (tokenizer mask, spare row, unused special)
     target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
     resume: bool = True  # continue out_dir/checkpoint if present
     standardize_features: bool = False  # train fc on per-dimension standardized features (see BlockForward)
     scale_sequences: int = 32  # training sequences the feature scale is measured on
     cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
-    kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (TRAINING.md §3): 0 is plain CE, 1 pure KD
-    weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (TRAINING.md §3)
+    kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (docs/training.md §3): 0 is plain CE, 1 pure KD
+    weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (docs/training.md §3)
     dpace_alpha: float = 0.5  # D-PACE's acceptance floor α
     proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py), plus each batch's
 

@@ -1,4 +1,4 @@
-"""`train(target, cfg)`: the DFlash draft training loop (TRAINING.md §2, §7), single process or torchrun.
+"""`train(target, cfg)`: the DFlash draft training loop (docs/training.md §2, §7), single process or torchrun.
 
 Per optimizer step:
 1. Batch: the step's global batch (a slice of the epoch's seeded order); this rank takes every world-th
