@@ -17,6 +17,13 @@ from safetensors.torch import save_file
 
 from ..config import ARCHITECTURE, DraftConfig
 from ..errors import CheckpointError, ConfigError
+from .hf_export import (
+    from_transformers_config,
+    is_transformers_config,
+    native_tensor_name,
+    to_transformers_config,
+    to_transformers_tensors,
+)
 from .validate import canonical_tensor_names, raise_collected, tensor_problems
 
 CONFIG_FILE = "config.json"
@@ -55,8 +62,12 @@ def expected_tensor_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
 
 
 def read_config(path: str | Path) -> DraftConfig:
-    """The validated DraftConfig of a checkpoint folder."""
-    folder = Path(path)
+    """The validated DraftConfig of a checkpoint folder, ours or transformers' DFlash form (io/hf_export.py)."""
+    return _read_config(Path(path))[0]
+
+
+def _read_config(folder: Path) -> tuple[DraftConfig, bool]:
+    """(config, whether the folder is in transformers' form, whose tensor names differ from ours)."""
     if not folder.is_dir():
         raise CheckpointError(f"draft checkpoint folder {folder} does not exist or is not a folder; pass the "
                               f"folder that holds {CONFIG_FILE} and the safetensors weights")
@@ -67,8 +78,9 @@ def read_config(path: str | Path) -> DraftConfig:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{file} is not valid JSON ({error}); restore it from the draft's release") from None
+    transformers = is_transformers_config(data)
     try:
-        return DraftConfig.from_dict(data)
+        return DraftConfig.from_dict(from_transformers_config(data) if transformers else data), transformers
     except ConfigError as error:
         raise ConfigError(f"{file}: {error}") from None
 
@@ -77,13 +89,15 @@ def read_checkpoint(path: str | Path, *,
                     dtype: torch.dtype | None = None) -> tuple[DraftConfig, dict[str, torch.Tensor]]:
     """Load a draft folder: (config, state dict with docs/format.md §2 names), tensors cast to `dtype` if given."""
     folder = Path(path)
-    cfg = read_config(folder)
+    cfg, transformers = _read_config(folder)
     files, weight_map = _weight_files(folder)
     headers = {file: read_safetensors_header(file) for file in files}
     problems = _index_problems(weight_map, headers) if weight_map is not None else []
     where = {stored: file for file, header in headers.items() for stored in header}
     names, more = canonical_tensor_names(list(where))
     problems += more
+    if transformers:
+        names = {native_tensor_name(name): stored for name, stored in names.items()}
     found = {name: headers[where[stored]][stored] for name, stored in names.items()}
     expected = expected_tensor_shapes(cfg)
     problems += tensor_problems(expected, found)
@@ -263,3 +277,27 @@ def _plan_shards(tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[
         shards[-1][name] = tensor
         used += size
     return shards
+
+
+def write_transformers_checkpoint(path: str | Path, cfg: DraftConfig, state_dict: dict[str, torch.Tensor]) -> None:
+    """Write a draft in the form transformers' DFlash class loads (io/hf_export.py) into an empty folder.
+
+    Tensors keep their dtype. One safetensors file: `from_pretrained` reads a file of any size.
+    """
+    config = to_transformers_config(cfg, dtype=_one_dtype(state_dict))  # refuses what transformers runs otherwise
+    expected = expected_tensor_shapes(cfg)
+    found = {name: (TORCH_DTYPES.get(t.dtype, str(t.dtype)), tuple(t.shape)) for name, t in state_dict.items()}
+    raise_collected(tensor_problems(expected, found), CheckpointError)
+    tensors = {name: state_dict[name].detach().to("cpu").contiguous() for name in expected}
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(to_transformers_tensors(tensors), str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    # Written last, as in write_checkpoint: a folder whose config.json exists has complete weights.
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _one_dtype(state_dict: dict[str, torch.Tensor]) -> str:
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state_dict.values()})
+    if len(dtypes) != 1:
+        raise CheckpointError(f"draft tensors must share one dtype, got {dtypes}; cast them to one before writing")
+    return dtypes[0]
