@@ -20,25 +20,16 @@ from pathlib import Path
 
 import torch
 
-from .config import DraftConfig, check_against_target, choose_mask_token_id
 from .decode.generate import GenerationResult
 from .decode.generate import generate as generate_ids
 from .decode.selection import Selector, is_coupled
-from .decode.vocab import read_vocab
-from .decode.window import ContextWindow
 from .errors import InputError
-from .io.checkpoint import read_checkpoint
-from .io.targets import EMBEDDED_HUB_ID
+from .io.drafts import DEFAULT_DRAFT, SHIPPED_DRAFTS, LoadedDraft, load_draft, untrained_draft
 from .metrics import AcceptanceStats
 from .model.draft import DFlashDraftModel
-from .model.packed import pack_module
 from .model.target import Target
 from .sampling import SamplingParams
 from .train.data import encode_prompt
-
-SHIPPED_DRAFTS = Path(__file__).parent / "drafts"
-DEFAULT_DRAFT = SHIPPED_DRAFTS / "smollm2-135m-instruct"
-
 
 @dataclass
 class Completion:
@@ -46,61 +37,6 @@ class Completion:
     tokens: list[int]
     finish_reason: str
     stats: AcceptanceStats
-
-
-def load_draft(path: str | Path | None = None, target: Target | None = None, *, strict: bool = False,
-               allow_last_layer: bool = False, full_vocab: bool = False,
-               context_window: ContextWindow | None = None) -> DFlashDraftModel:
-    """Load a draft folder (docs/format.md), validated against `target` when given; None loads the shipped one.
-
-    A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
-    still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and
-    latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all."""
-    if context_window is not None and not isinstance(context_window, ContextWindow):
-        raise InputError(f"`context_window` must be a ContextWindow(window, sinks) or None, got {context_window!r}")
-    draft = _load_draft(path, target, strict, allow_last_layer, full_vocab)
-    draft.context_window = context_window
-    return draft
-
-
-def _load_draft(path, target, strict: bool, allow_last_layer: bool, full_vocab: bool) -> DFlashDraftModel:
-    folder = Path(path) if path is not None else DEFAULT_DRAFT
-    if path is None and not (folder / "config.json").is_file():
-        if target is None or target.name != EMBEDDED_HUB_ID:
-            raise InputError("no draft given and the shipped draft is for the embedded target only; pass --draft PATH")
-        return untrained_draft(target)
-    cfg, tensors = read_checkpoint(folder)
-    if target is not None:
-        for message in check_against_target(cfg, target.config, target.tokenizer, strict=strict,
-                                            allow_last_layer=allow_last_layer):
-            warnings.warn(message, stacklevel=2)
-    draft = DFlashDraftModel(cfg)
-    draft.load_state_dict(tensors, strict=True)
-    draft.trained = True
-    vocab_size = target.lm_head.weight.shape[0] if target is not None else cfg.vocab_size
-    draft.draft_vocab = None if full_vocab else read_vocab(folder, vocab_size)
-    return _place(draft, target)
-
-
-def untrained_draft(target: Target, num_layers: int = 2, block_size: int = 8, seed: int = 0) -> DFlashDraftModel:
-    """A randomly initialised draft, clearly marked: output is still exact, only acceptance is poor."""
-    mask = choose_mask_token_id(target.tokenizer, target.config)
-    cfg = DraftConfig.for_target(target.config, num_draft_layers=num_layers, block_size=block_size, mask_token_id=mask)
-    draft = DFlashDraftModel(cfg)
-    draft.init_weights(generator=torch.Generator().manual_seed(seed))
-    draft.trained = False
-    return _place(draft, target)
-
-
-def _place(draft: DFlashDraftModel, target: Target | None) -> DFlashDraftModel:
-    """On the target's device and dtype; its linears packed like the target's (model/packed.py) when it is."""
-    if target is not None:
-        draft = draft.to(device=target.device, dtype=target.dtype)
-        if getattr(draft, "draft_vocab", None) is not None:  # once: each request's head is looked up by it
-            draft.draft_vocab = draft.draft_vocab.to(target.device)
-        if target.packed:
-            pack_module(draft)
-    return draft.eval()
 
 
 def encode(target: Target, prompt, chat: bool = True) -> list[int]:

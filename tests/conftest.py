@@ -5,12 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from blockdraft.decode.costs import linear_costs
+
 from blockdraft.model.target import Target
 
 # Tiny models are dominated by thread hand-offs: one thread is many times faster, above all on shared cores.
 torch.set_num_threads(1)
 
 VOCAB = 96
+
+
+# A fixed step-cost model (decode/costs.py) for tests that build adaptive policies and lookups themselves: a plain
+# step costs 1, the draft a third of one more, each verified position 2 % of one.
+COSTS = linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
 
 
 def tiny_target(family: str = "llama", layers: int = 6, seed: int = 0) -> Target:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from blockdraft.io.drafts import LoadedDraft
 from blockdraft.decode.generate import Admission, generate, stream
 from blockdraft.decode.lookup import PromptLookup
 from blockdraft.decode.policy import make_policy
@@ -12,7 +13,7 @@ from blockdraft.decode.selection import Selector
 from blockdraft.errors import InputError
 from blockdraft.sampling import SamplingParams
 
-from conftest import tiny_draft, tiny_target
+from conftest import COSTS, tiny_draft, tiny_target
 
 FIRST = [[1, 5, 9, 13, 17], [3, 4]]
 LATER = [[7, 8, 9, 10, 11, 12, 13, 14, 15], [2, 6], [5, 5, 5, 9]]
@@ -43,8 +44,8 @@ def run_with_admissions(target, draft, budgets_first, later, *, after: int, sele
 def test_joining_rows_decode_as_they_would_alone(mode):
     target = tiny_target("llama")
     draft = None if mode == "alone" else tiny_draft(target, block_size=4)
-    kwargs = {} if mode != "adaptive-tree-lookup" else dict(adaptive=make_policy(4, True, tree=True),
-                                                            lookup=PromptLookup(4), tree=True)
+    kwargs = {} if mode != "adaptive-tree-lookup" else dict(adaptive=make_policy(4, True, COSTS, tree=True),
+                                                            lookup=PromptLookup(4, COSTS), tree=True)
     later = [(p, b, None) for p, b in zip(LATER, [12, 20, 7])]
     got, rooms = run_with_admissions(target, draft, [30, 10], later, after=3, block_size=4 if draft else None,
                                      **kwargs)
@@ -77,7 +78,7 @@ def test_joining_coupled_rows_draw_the_target_alone_samples_of_their_seeds():
     later = [(p, b, seed) for p, b, seed in zip(LATER, [12, 20, 7], [31, 32, 33])]
     got, _ = run_with_admissions(target, draft, [30, 10], later, after=3, block_size=4,
                                  selector=Selector(params, seeds=[21, 22], coupled=True),
-                                 adaptive=make_policy(4, True, tree=True), lookup=PromptLookup(4), tree=True)
+                                 adaptive=make_policy(4, True, COSTS, tree=True), lookup=PromptLookup(4, COSTS), tree=True)
     for row, (prompt, budget, seed) in enumerate(zip(FIRST + LATER, [30, 10, 12, 20, 7], [21, 22, 31, 32, 33])):
         alone = generate(target, None, [prompt], max_new_tokens=budget, stop_token_ids=[],
                          selector=Selector(params, seeds=[seed], coupled=True))[0]
@@ -88,7 +89,7 @@ def test_joining_coupled_rows_draw_the_target_alone_samples_of_their_seeds():
 def test_rows_can_join_after_every_row_has_finished(with_draft):
     target = tiny_target("llama")
     draft = tiny_draft(target, block_size=4) if with_draft else None
-    kwargs = dict(block_size=4, adaptive=make_policy(4, True, tree=True), lookup=PromptLookup(4),
+    kwargs = dict(block_size=4, adaptive=make_policy(4, True, COSTS, tree=True), lookup=PromptLookup(4, COSTS),
                   tree=True) if with_draft else {}
     later = [(LATER[0], 20, None)]  # over the first rows' own need: it fits the room kept for joining rows
     got, rooms = run_with_admissions(target, draft, [2, 2], later, after=4, room=64, **kwargs)
@@ -123,7 +124,7 @@ def test_a_joining_prompts_ids_join_the_proposal_vocabulary():
     from blockdraft.decode.drafter import Drafter
 
     target = tiny_target("llama")
-    drafter = Drafter(tiny_draft(target, block_size=4), target, vocab=torch.arange(0, 40))
+    drafter = Drafter(LoadedDraft(tiny_draft(target, block_size=4), vocab=torch.arange(0, 40)), target)
     drafter.start(1, 64, [[1, 2, 50]])
     assert drafter.active_ids[40:].tolist() == [50]
     drafter.add_rows([[3, 60, 50, 70]])

@@ -7,9 +7,10 @@ import torch
 
 from blockdraft.decode.generate import generate
 from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
+from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 
-from conftest import ScriptedDrafter, tiny_draft, tiny_target
+from conftest import COSTS, ScriptedDrafter, tiny_draft, tiny_target
 from test_sampling_decode import CyclingWidth, small_models  # noqa: F401 (a fixture)
 
 # Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
@@ -76,19 +77,19 @@ def test_lookup_block_pads_and_counts_each_row():
     proposals, found = lookup_block(tokens, torch.tensor([5, 4]), 4)
     assert found.tolist() == [3, 0]
     assert proposals[0].tolist() == [9, 1, 2, 2]  # padded with the row's last proposal
-    assert PromptLookup(5).propose(tokens, torch.tensor([5, 4])) is None, "a row without a match: no lookup step"
-    assert PromptLookup(5).propose(tokens[:1], torch.tensor([5])) is not None
+    assert PromptLookup(5, COSTS).propose(tokens, torch.tensor([5, 4])) is None, "a row without a match: no lookup step"
+    assert PromptLookup(5, COSTS).propose(tokens[:1], torch.tensor([5])) is not None
     with pytest.raises(ValueError):
-        PromptLookup(5, min_ngram=3, max_ngram=2)
+        PromptLookup(5, COSTS, min_ngram=3, max_ngram=2)
 
 
 def test_the_lookup_is_preferred_only_while_it_pays():
-    draft, lookup = AdaptiveWidth(4), PromptLookup(4)
-    assert lookup.preferred_over(draft), "untimed: a match is taken"
+    draft, lookup = AdaptiveWidth(4, COSTS), PromptLookup(4, COSTS)
+    assert lookup.preferred_over(FixedWidth(4)), "a fixed-width draft cannot say: a match is taken"
     assert lookup.width == 8 and lookup.policy.widths == [1, 2, 4, 8], "a lookup block may be 2K wide"
     for policy, accepted in ((draft, 3), (lookup.policy, 0)):
         for width in policy.widths:
-            policy.observe(width, [min(accepted, width - 1)] * 4, 1.0)
+            policy.observe(width, [min(accepted, width - 1)] * 4)
     assert not lookup.preferred_over(draft), "a lookup that always misses must yield to a draft that hits"
 
 
@@ -114,21 +115,22 @@ def test_greedy_output_with_lookup_runs_grafted_onto_trees_is_the_targets(family
     target = tiny_target(family)
     base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
     for draft in (tiny_draft(target, block_size=8), None):
-        lookup = PromptLookup(8)
+        lookup = PromptLookup(8, COSTS)
         drafter = draft or ScriptedDrafter([[0] * 80] * len(PROMPTS), 8)  # a draft that is always wrong
         spec = generate(target, drafter, PROMPTS, max_new_tokens=48, stop_token_ids=[], adaptive=adaptive,
-                        lookup=lookup, tree=True)
+                        lookup=lookup, tree=True, costs=COSTS)
         for b, s in zip(base, spec):
             assert s.tokens == b.tokens[:48], "a grafted lookup run changed the target's greedy output"
         assert lookup.steps > 0 and float(lookup.policy.accepted.sum()) > 0, "grafted tokens must be accepted"
 
 
 def test_graft_length_follows_what_grafted_runs_are_worth():
-    draft = make_policy(4, True, tree=True)
-    lookup = PromptLookup(4)
-    assert lookup.graft_length(draft, 4, 5) == 5, "an untimed draft policy: the whole run"
-    for width in draft.widths:  # 10 ms a step, 1 ms more per verified position
-        draft.observe(width, [0], 0.010 + 0.001 * width, within={w: [0] for w in draft.widths if 1 < w <= width})
+    costs = linear_costs(plain=0.011, draft=0.0, per_position=0.001)  # 10 ms a step, 1 ms per verified position
+    draft = make_policy(4, True, costs, tree=True)
+    lookup = PromptLookup(4, costs)
+    assert lookup.graft_length(FixedWidth(4), 4, 5) == 5, "a fixed-width draft policy cannot price it: the whole run"
+    for width in draft.widths:
+        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
     for _ in range(30):
         lookup.observe_graft(7, [7])
     assert lookup.graft_length(draft, 1, 7) == 7, "runs that always hit are grafted whole"
@@ -146,37 +148,27 @@ def test_graft_length_follows_what_grafted_runs_are_worth():
 
 
 def test_a_graft_onto_a_plain_step_of_a_batch_is_priced_as_a_drafted_step():
-    # Plain steps 10 ms; drafting costs 20 ms more; 1 ms per verified position. A run that gets 0.6 tokens
-    # accepted pays alone (one row: 1.6 tokens in 11 ms against 1 in 10) but not in a batch, whose rows are
-    # filled up by the draft (1.6 tokens in 31 ms).
-    draft = make_policy(4, True, tree=True)
+    # Plain steps 11 ms; drafting costs 20 ms more; 1 ms per verified position. A run that gets 0.6 tokens
+    # accepted pays alone (one row: 1.6 tokens in 12 ms against 1 in 11) but not in a batch, whose rows are
+    # filled up by the draft (1.6 tokens in 32 ms).
+    costs = linear_costs(plain=0.011, draft=0.020, per_position=0.001)
+    draft = make_policy(4, True, costs, tree=True)
     for width in draft.widths:
-        draft.observe(width, [0], 0.010 + (0.020 if width > 1 else 0.0) + 0.001 * width,
-                      within={w: [0] for w in draft.widths if 1 < w <= width})
-    lookup = PromptLookup(4)
+        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
+    lookup = PromptLookup(4, costs)
     for _ in range(30):
         lookup.observe_graft(1, [1, 0, 1, 1, 0])
+    draft.at_batch(1)
     assert lookup.graft_length(draft, 1, 1, rows=1) == 1
+    draft.at_batch(4)
     assert lookup.graft_length(draft, 1, 1, rows=4) == 0
 
 
-def test_a_batched_graft_onto_a_plain_step_does_not_time_plain_steps():
-    from blockdraft.decode.step import observe
-    from blockdraft.decode.tree import build_grafted_tree
-
-    policy = make_policy(4, True, tree=True)
-    policy.observe(1, [0, 0], 0.010)
-    tree, run_nodes = build_grafted_tree(torch.tensor([5, 6]), None, 1, torch.tensor([[7], [8]]), torch.tensor([1, 1]))
-    ok = torch.ones(2, tree.size, dtype=torch.bool)
-    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), 0.050, drafted=True)
-    assert policy.seconds[1] == 0.010, "a drafted step's 50 ms must not stand for a plain step's time"
-    observe(policy, PromptLookup(4), tree, ok, 1, 1, run_nodes, torch.tensor([1, 1]), 0.012, drafted=False)
-    assert policy.measurements[1] == 2, "one row's graft onto a plain step drafts nothing: it times width 1"
-
-
 def test_runs_are_looked_up_only_when_a_graft_may_pay():
+    from types import SimpleNamespace
+
+    from blockdraft.decode.proposers import TreeProposer
     from blockdraft.decode.state import DecodeState
-    from blockdraft.decode.step import graft_runs
 
     class Counting(PromptLookup):
         calls = 0
@@ -185,17 +177,19 @@ def test_runs_are_looked_up_only_when_a_graft_may_pay():
             self.calls += 1
             return super().runs(tokens, lengths)
 
-    draft = make_policy(4, True, tree=True)
+    costs = linear_costs(plain=0.011, draft=0.0, per_position=0.001)
+    draft = make_policy(4, True, costs, tree=True)
     for width in draft.widths:
-        draft.observe(width, [0], 0.010 + 0.001 * width, within={w: [0] for w in draft.widths if 1 < w <= width})
+        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
     state = DecodeState([[1, 2, 3, 1, 2]], 32, 8, {0}, torch.device("cpu"))
-    lookup = Counting(4)
+    lookup = Counting(4, costs)
+    proposer = TreeProposer(SimpleNamespace(tap_layer_ids=()), draft, lookup)
     for _ in range(60):  # runs that always miss
         lookup.observe_graft(7, [0])
     lookup.since_graft = 0
-    assert graft_runs(state, lookup, draft, 1) == (None, 0) and lookup.calls == 0, "a graft that cannot pay"
-    lookup.since_graft = 1000  # a re-measurement is due: the runs are looked up and grafted whole
-    found, graft = graft_runs(state, lookup, draft, 1)
+    assert proposer._graft_runs(state, 1) == (None, 0) and lookup.calls == 0, "a graft that cannot pay"
+    lookup.since_graft = 1000  # a re-try is due: the runs are looked up and grafted whole
+    found, graft = proposer._graft_runs(state, 1)
     assert lookup.calls == 1 and found[0][0, :2].tolist() == [3, 1] and graft == int(found[1][0])
 
 
@@ -226,7 +220,7 @@ def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> "
 
     V = target.config.vocab_size
     # The first step after the prefill is a lookup step; with trees, every step grafts its rows' whole runs.
-    lookup = PromptLookup(4, min_ngram=1) if tree else AlternatingLookup(4, policy=FixedWidth(4))
+    lookup = PromptLookup(4, COSTS, min_ngram=1) if tree else AlternatingLookup(4, policy=FixedWidth(4))
     results = generate(target, draft, [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=4,
                        stop_token_ids=[], selector=Selector(params, num_rows=num_rows), lookup=lookup, tree=tree)
     assert lookup.steps > 0, "the test must exercise lookup steps"

@@ -10,7 +10,7 @@ from blockdraft.decode.policy import (AdaptiveWidth, FixedWidth, TreeWidth, batc
                                      expected_tokens, make_policy, smoothed_time)
 from blockdraft.metrics import AcceptanceStats
 
-from conftest import ScriptedDrafter, tiny_draft, tiny_target
+from conftest import COSTS, ScriptedDrafter, tiny_draft, tiny_target
 from test_sampling_decode import CyclingWidth
 from test_lookup import AlternatingLookup
 
@@ -22,7 +22,7 @@ def test_expected_tokens_and_candidates():
     assert expected_tokens(torch.tensor([0.5, 0.5])).tolist() == [1, 1.5, 1.75]
     assert candidate_widths(8) == [1, 2, 4, 8] and candidate_widths(10) == [1, 2, 4, 8, 10]
     assert candidate_widths(2) == [1, 2]
-    assert isinstance(make_policy(8, False), FixedWidth) and isinstance(make_policy(8, True), AdaptiveWidth)
+    assert isinstance(make_policy(8, False), FixedWidth) and isinstance(make_policy(8, True, COSTS), AdaptiveWidth)
     custom = CyclingWidth(4)
     assert make_policy(4, custom) is custom
 
@@ -61,29 +61,29 @@ def cpu_like_cost(width: int) -> float:
 
 
 def test_adaptive_falls_back_to_plain_steps_when_drafts_miss():
-    chosen = simulate(AdaptiveWidth(8), 400, lambda i: 0.05, cpu_like_cost)
+    chosen = simulate(AdaptiveWidth(8, COSTS), 400, lambda i: 0.05, cpu_like_cost)
     plain = chosen[100:].count(1) / 300
     assert plain > 0.85, f"a draft that is almost never right must not be used, plain share {plain:.2f}"
     assert set(chosen[100:]) - {1}, "a drafting width is still re-measured now and then"
 
 
 def test_adaptive_uses_the_full_block_when_drafts_hit():
-    chosen = simulate(AdaptiveWidth(8), 300, lambda i: 0.95, cpu_like_cost)
+    chosen = simulate(AdaptiveWidth(8, COSTS), 300, lambda i: 0.95, cpu_like_cost)
     assert chosen[100:].count(8) / 200 > 0.85
 
 
 def test_a_draft_near_break_even_is_re_measured_often():
     # Width 2 costs 1.4 steps: at acceptance 0.36 it is expected within 5 % of plain steps, a near tie, so it
     # is re-measured every `explore_close` steps; far from a tie (acceptance 0.05) only every `explore_every`.
-    near = simulate(AdaptiveWidth(8), 400, lambda i: 0.36, cpu_like_cost)[100:]
-    far = simulate(AdaptiveWidth(8), 400, lambda i: 0.05, cpu_like_cost)[100:]
+    near = simulate(AdaptiveWidth(8, COSTS), 400, lambda i: 0.36, cpu_like_cost)[100:]
+    far = simulate(AdaptiveWidth(8, COSTS), 400, lambda i: 0.05, cpu_like_cost)[100:]
     assert sum(w > 1 for w in near) >= 300 // 8 - 2, "a near tie is re-measured at least every 8 steps"
     assert sum(w > 1 for w in far) <= 300 // 32 + 2, "a draft far from paying is re-measured rarely"
 
 
 def test_adaptive_notices_when_drafting_starts_to_pay():
     # Bad for 200 steps, then good: the re-measured widths pick up the new acceptance.
-    chosen = simulate(AdaptiveWidth(8), 400, lambda i: 0.05 if i < 200 else 0.95, cpu_like_cost)
+    chosen = simulate(AdaptiveWidth(8, COSTS), 400, lambda i: 0.05 if i < 200 else 0.95, cpu_like_cost)
     assert chosen[150:200].count(1) > 40 and chosen[300:].count(8) > 85
 
 
@@ -157,7 +157,7 @@ def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
 
 
 def test_the_cost_of_a_verified_position_is_fitted_from_drafted_steps():
-    policy = AdaptiveWidth(8)
+    policy = AdaptiveWidth(8, COSTS)
     assert policy.seconds_per_position() is None, "nothing timed yet"
     for width in policy.widths:  # slow first timings, which the fit leaves out
         policy.observe_cost(width, 0.100)
@@ -175,7 +175,7 @@ def test_the_cost_of_a_verified_position_is_fitted_from_drafted_steps():
 
 def test_step_times_are_kept_per_batch_size():
     # One row: drafting is cheap and pays. Four rows: the same drafted widths cost several plain steps.
-    policy = AdaptiveWidth(8)
+    policy = AdaptiveWidth(8, COSTS)
     one = simulate_at(policy, 1, 200, 0.7, lambda w: 1.0 + (0.1 + 0.02 * w if w > 1 else 0.0))
     four = simulate_at(policy, 4, 200, 0.7, lambda w: 1.0 + (1.0 + 0.5 * w if w > 1 else 0.0))
     assert one[100:].count(8) > 85 and four[100:].count(1) > 85, "each batch size is judged by its own step times"
@@ -201,8 +201,8 @@ def simulate_at(policy: AdaptiveWidth, rows: int, steps: int, accept: float, sec
 def test_re_measurements_stay_within_their_time_budget():
     # A useless draft whose drafted steps cost 1.3-1.7 plain steps (one row) or 4-20 (a batch): the first is
     # re-measured every `explore_every` steps, the second only as often as 2 % of the decode time allows.
-    cheap = simulate(AdaptiveWidth(8), 1000, lambda i: 0.0, cpu_like_cost)[100:]
-    costly = simulate(AdaptiveWidth(8), 1000, lambda i: 0.0, lambda w: 1.0 + (3.0 + 2.0 * w if w > 1 else 0.0))[100:]
+    cheap = simulate(AdaptiveWidth(8, COSTS), 1000, lambda i: 0.0, cpu_like_cost)[100:]
+    costly = simulate(AdaptiveWidth(8, COSTS), 1000, lambda i: 0.0, lambda w: 1.0 + (3.0 + 2.0 * w if w > 1 else 0.0))[100:]
     assert sum(w > 1 for w in cheap) >= 900 // 32 - 2
     drafted = [w for w in costly if w > 1]
     lost = sum(3.0 + 2.0 * w for w in drafted)  # seconds beyond the plain steps they replaced (they accept nothing)
@@ -210,7 +210,7 @@ def test_re_measurements_stay_within_their_time_budget():
 
 
 def test_a_new_batch_size_starts_from_the_nearest_timed_one():
-    policy = AdaptiveWidth(8)
+    policy = AdaptiveWidth(8, COSTS)
     simulate_at(policy, 4, 60, 0.1, lambda w: 1.0 + (1.0 + 0.5 * w if w > 1 else 0.0))  # drafting is dear at 4 rows
     policy.at_batch(1)  # the batch's rows finish: one left
     assert policy.seconds == policy.times[4].seconds and policy.choose() == 1, \

@@ -13,6 +13,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from blockdraft.io.drafts import LoadedDraft
 from blockdraft.config import DraftConfig
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
@@ -94,7 +95,10 @@ class CyclingWidth:
         self.calls += 1
         return 1 + (self.calls - 1) % self.block_size
 
-    def observe(self, width, num_accepted, seconds) -> None:
+    def at_batch(self, rows) -> None:
+        pass
+
+    def observe(self, width, num_accepted, within=None) -> None:
         pass
 
 
@@ -166,7 +170,7 @@ def test_sampling_with_a_proposal_vocabulary_matches_target_distribution(small_m
     """q vanishes outside the draft vocabulary {1, 2}; acceptance and the residual must still give p exactly."""
     target, draft = small_models
     sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=70_000)
-    drafter = VocabOnlyDrafter(draft, target, 4, vocab=torch.tensor([1, 2]))
+    drafter = VocabOnlyDrafter(LoadedDraft(draft, vocab=torch.tensor([1, 2])), target, 4)
     counts = sampled_counts(target, drafter, sampling)
     pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
     assert pvalue > ALPHA, f"sampling with a proposal vocabulary is not the target's distribution (p = {pvalue:.2e})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from blockdraft.io.drafts import LoadedDraft
 from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
 from blockdraft.decode.policy import TreeWidth, make_policy
@@ -15,7 +16,7 @@ from blockdraft.decode.tree import (
 )
 from blockdraft.sampling import greedy_step
 
-from conftest import VOCAB, ScriptedDrafter, tiny_draft, tiny_target
+from conftest import COSTS, VOCAB, ScriptedDrafter, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 
@@ -267,10 +268,10 @@ def test_tree_decode_with_a_real_draft_equals_target_greedy():
 
 
 def test_tree_width_learns_from_what_narrower_trees_would_have_accepted():
-    policy = make_policy(4, True, tree=True)
+    policy = make_policy(4, True, COSTS, tree=True)
     assert isinstance(policy, TreeWidth) and policy.widths == [1, 2, 4, 8]
     for _ in range(20):
-        policy.observe(8, [3], 0.01, within={2: [0], 4: [1], 8: [3]})
+        policy.observe(8, [3], within={2: [0], 4: [1], 8: [3]})
     gains = policy.gains()
     assert gains[0] == 1.0 and gains[1] < 1.3 and 1.7 < gains[3] < 2.1 and 3.5 < gains[7] <= 4.0
     assert all(a <= b for a, b in zip(gains, gains[1:])), "more nodes never expect fewer tokens"
@@ -284,12 +285,12 @@ def test_a_sampled_tree_step_tells_what_narrower_trees_would_have_accepted(coupl
     from blockdraft.sampling import SamplingParams
 
     target = tiny_target("llama")
-    policy = make_policy(4, True, tree=True)
+    policy = make_policy(4, True, COSTS, tree=True)
     seen = []
     policy.choose = lambda: 8
     observe = policy.observe
-    policy.observe = lambda width, accepted, seconds, within=None: (seen.append(sorted(within or {})),
-                                                                    observe(width, accepted, seconds, within))
+    policy.observe = lambda width, accepted, within=None: (seen.append(sorted(within or {})),
+                                                           observe(width, accepted, within))
     selector = Selector(SamplingParams(temperature=1.0, seed=3), len(PROMPTS), coupled=coupled)
     generate(target, tiny_draft(target, block_size=4), PROMPTS, max_new_tokens=12, stop_token_ids=[],
              selector=selector, tree=True, adaptive=policy)
@@ -303,7 +304,7 @@ def test_a_drafts_tree_candidates_are_the_top_of_its_distribution(vocab):
     from blockdraft.decode.drafter import Drafter
 
     target = tiny_target("llama")
-    drafter = Drafter(tiny_draft(target, block_size=4), target, vocab=None if vocab is None else torch.tensor(vocab))
+    drafter = Drafter(LoadedDraft(tiny_draft(target, block_size=4), vocab=None if vocab is None else torch.tensor(vocab)), target)
     prompt = [[1, 2, 3, 4, 5]]
     drafter.start(1, 32, prompt)
     out = target.forward(torch.tensor(prompt), torch.arange(5)[None], target.new_cache(1, 32),
@@ -319,21 +320,20 @@ def test_a_drafts_tree_candidates_are_the_top_of_its_distribution(vocab):
 
 
 def test_tree_width_re_measures_the_widest_tree_as_well_as_the_runner_up():
-    """While plain steps win, every other re-measurement is of the widest tree, whose step tells what every
+    """While plain steps win, every other re-try is of the widest tree, whose step tells what every
     narrower tree would have accepted: a width judged on a few early steps does not stay judged."""
-    policy = TreeWidth(8)  # widths 1, 2, 4, 8
+    policy = TreeWidth(8, COSTS)  # widths 1, 2, 4, 8
 
     def step(width: int) -> None:
-        seconds = 0.010 if width == 1 else 0.012 + 0.001 * width
         within = {w: [0] for w in policy.widths if 1 < w <= width}
-        policy.observe(width, [0], seconds, within=within)
+        policy.observe(width, [0], within=within)
 
     picks = []
     for _ in range(200):
         width = policy.choose()
         picks.append(width)
         step(width)
-    explored = [w for w in picks[len(policy.widths):] if w != 1]
+    explored = [w for w in picks if w != 1]
     assert picks.count(1) > 150, "a draft that never hits leaves plain steps in charge"
     assert 8 in explored and 2 in explored, f"re-measured: {sorted(set(explored))}"
 
@@ -341,9 +341,9 @@ def test_tree_width_re_measures_the_widest_tree_as_well_as_the_runner_up():
 def test_one_unlucky_early_step_does_not_switch_a_tree_off():
     """The first width's estimate starts from an even 0.5 accepted guesses: one early miss leaves it near 1.33
     expected tokens, not at 1.0 (which, with drafted steps costing more, would keep plain steps in charge)."""
-    policy = TreeWidth(8)
-    policy.observe(2, [0], 0.012, within={2: [0]})
+    policy = TreeWidth(8, COSTS)
+    policy.observe(2, [0], within={2: [0]})
     assert policy.gains()[1] > 1.3
     for _ in range(30):  # a draft that keeps missing is still found out
-        policy.observe(2, [0], 0.012, within={2: [0]})
+        policy.observe(2, [0], within={2: [0]})
     assert policy.gains()[1] < 1.1

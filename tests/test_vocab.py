@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from blockdraft.io.drafts import LoadedDraft
 from blockdraft.api import load_draft
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
@@ -35,7 +36,7 @@ def test_scatter_puts_each_logit_at_its_id():
 def test_propose_scores_vocabulary_and_prompt_ids_only():
     target = tiny_target("llama")
     draft = tiny_draft(target, block_size=8)
-    full, limited = Drafter(draft, target), Drafter(draft, target, vocab=WORDS)
+    full, limited = Drafter(draft, target), Drafter(LoadedDraft(draft, vocab=WORDS), target)
     prompt = PROMPTS[0]
     features = target.forward(torch.tensor([prompt]), torch.arange(len(prompt))[None],
                               target.new_cache(1, len(prompt)), full.tap_layer_ids).features
@@ -54,13 +55,13 @@ def test_propose_scores_vocabulary_and_prompt_ids_only():
 def test_the_vocabulary_head_is_built_once_and_again_after_the_head_changes():
     target = tiny_target("llama")
     draft = tiny_draft(target, block_size=8)
-    first, second = Drafter(draft, target, vocab=WORDS), Drafter(draft, target, vocab=WORDS)
+    first, second = Drafter(LoadedDraft(draft, vocab=WORDS), target), Drafter(LoadedDraft(draft, vocab=WORDS), target)
     first.start(1, 32, [PROMPTS[0]])
     second.start(1, 32, [PROMPTS[1]])
     assert first.head is second.head, "one gather and pack per vocabulary, not per request"
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)
-    third = Drafter(draft, target, vocab=WORDS)
+    third = Drafter(LoadedDraft(draft, vocab=WORDS), target)
     third.start(1, 32, [PROMPTS[0]])
     assert third.head is not first.head, "a changed head weight must not be served from the cache"
 
@@ -70,7 +71,7 @@ def test_greedy_output_unchanged_by_the_vocabulary(family):
     target = tiny_target(family)
     draft = tiny_draft(target, block_size=8)
     base = generate(target, None, PROMPTS, max_new_tokens=30, stop_token_ids=[])
-    spec = generate(target, Drafter(draft, target, vocab=WORDS), PROMPTS, max_new_tokens=30, stop_token_ids=[])
+    spec = generate(target, Drafter(LoadedDraft(draft, vocab=WORDS), target), PROMPTS, max_new_tokens=30, stop_token_ids=[])
     assert [s.tokens for s in spec] == [b.tokens for b in base]
 
 
@@ -83,10 +84,10 @@ def _draft_folder(tmp_path):
 
 def test_load_draft_reads_the_sidecar_and_full_vocab_ignores_it(tmp_path):
     target, folder = _draft_folder(tmp_path)
-    assert load_draft(folder, target).draft_vocab is None
+    assert load_draft(folder, target).vocab is None
     write_vocab(folder, [9, 3, 3, 40], VOCAB, source="test")
-    assert load_draft(folder, target).draft_vocab.tolist() == [3, 9, 40]
-    assert load_draft(folder, target, full_vocab=True).draft_vocab is None
+    assert load_draft(folder, target).vocab.tolist() == [3, 9, 40]
+    assert load_draft(folder, target, full_vocab=True).vocab is None
 
 
 @pytest.mark.parametrize("record, message", [

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVCache
-from ..errors import InputError
+from ..io.drafts import LoadedDraft
 from ..model.draft import DFlashDraftModel
 from ..model.packed import head_linear
 from ..model.target import Target
@@ -30,25 +30,22 @@ class Drafter:
     call) and then runs the block, whose own keys/values are never stored.
     """
 
-    def __init__(self, draft: DFlashDraftModel, target: Target, block_size: int | None = None,
-                 vocab: torch.Tensor | None = None, window: ContextWindow | None = None) -> None:
-        self.draft = draft
+    def __init__(self, draft: LoadedDraft | DFlashDraftModel, target: Target, block_size: int | None = None,
+                 window: ContextWindow | None = None) -> None:
+        draft = LoadedDraft(draft) if isinstance(draft, DFlashDraftModel) else draft
+        self.draft = draft.module
         self.target = target
         self.config = draft.config
         self.block_size = draft.config.block_size if block_size is None else int(block_size)
         self.cache: KVCache | None = None
-        # Bounded context (window.py): by default the one load_draft set on the draft; None keeps every position.
-        self.window = getattr(draft, "context_window", None) if window is None else window
-        if self.window is not None and not isinstance(self.window, ContextWindow):
-            raise InputError(f"the draft's context window must be a ContextWindow(window, sinks) or None, got "
-                             f"{self.window!r}")
+        # Bounded context (window.py): by default the loaded draft's; None keeps every position.
+        self.window = draft.window if window is None else window
         self.seen: torch.Tensor | None = None  # [B] context positions fed in so far (the cache keeps some of them)
-        # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them; by default
-        # the one loaded beside the draft. Each request adds its prompts' ids.
-        # The target keeps the head over it by the ids' storage (row_head): load_draft puts it on the target's
-        # device once, so every request of a GPU server finds the same head (`.to` here copies only when needed).
-        self.vocab = getattr(draft, "draft_vocab", None) if vocab is None else vocab
-        self.vocab = None if self.vocab is None else self.vocab.to(target.device)
+        # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them. Each request
+        # adds its prompts' ids. The target keeps the head over it by the ids' storage (row_head): load_draft puts
+        # it on the target's device once, so every request of a GPU server finds the same head (`.to` here copies
+        # only when needed).
+        self.vocab = None if draft.vocab is None else draft.vocab.to(target.device)
         self.active_ids: torch.Tensor | None = None  # [N'] this request's ids: the vocabulary's, then its prompts'
         self.extra_head = None  # rows [..., D] -> logits over the prompts' ids outside the vocabulary [..., E]
         self.head = None  # rows [..., D] -> their logits over active_ids [..., N'] (packed like the target's)

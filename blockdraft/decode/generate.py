@@ -8,19 +8,25 @@ exactness oracle and the speed baseline.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
 
 from ..errors import InputError
+from ..io.drafts import LoadedDraft
 from ..io.validate import check_against_target
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .drafter import Drafter
 from .lookup import PromptLookup
-from .policy import make_policy
+from ..io.targets import cache_root
+from .costs import (PROMPT_LENGTH, CostModel, Stopwatch, batch_bucket, cost_key, linear_costs, measure_costs,
+                    read_cached, write_cached)
+from .policy import candidate_widths, make_policy
+from .proposers import ChainProposer, TargetAlone, TreeProposer
 from .requests import check_request, check_stream_options, stop_ids
 from .selection import Selector
 from .state import DecodeState
@@ -58,6 +64,7 @@ def stream(
     drop: Callable[[], Iterable[int]] | None = None,
     admit: Callable[[int], list[Admission]] | None = None,
     room: int | None = None,
+    costs: CostModel | None = None,
 ) -> Iterator[StreamEvent]:
     """Decode every prompt (lists of token ids) and yield tokens as they are committed.
 
@@ -78,7 +85,8 @@ def stream(
     last tokens instead of the draft's, when that pays more (lookup.py); the output is unchanged again.
     `tree` verifies the draft's likeliest alternatives too, as a token tree (tree.py): a fixed width then means a
     tree of K nodes, and `adaptive` picks from 1 to 2K nodes. Greedy output is unchanged; sampled output stays
-    exactly distributed (point-mass tests, sampling/tree.py).
+    exactly distributed (point-mass tests, sampling/tree.py). An adaptive width or a lookup prices its steps with
+    `costs` (costs.py); None measures them once for this target and draft (cached: `measured_costs`).
     """
     check_stream_options(block_size, adaptive, lookup, tree)
     drafter = as_drafter(target, draft, block_size)
@@ -86,8 +94,11 @@ def stream(
     check_request(target, prompts, max_new_tokens, K, drafter.trained_block_size if drafter else None)
     stop_token_ids = stop_ids(stop_token_ids, target, lambda: eos_ids(target))
     selector = selector or Selector(num_rows=len(prompts))
-    tree = tree and drafter is not None and K > 1
-    finder = make_lookup(K, lookup) if drafter is not None and K > 1 else None
+    speculative = drafter is not None and K > 1
+    tree = tree and speculative
+    if speculative and costs is None and (adaptive is True or lookup is True):
+        costs = measured_costs(target, drafter, tree, len(prompts))
+    finder = make_lookup(K, lookup, costs) if speculative else None
     # Slots past the anchor's that a step may write: K, a lookup block's width, or a tree's nodes (up to 2K, and
     # a lookup run grafted onto them).
     looked = finder.width if finder is not None else 0
@@ -98,8 +109,8 @@ def stream(
     state.target_cache = target.new_cache(len(prompts), capacity)
     if drafter is not None:
         drafter.start(len(prompts), capacity, prompts)
-    policy = make_policy(K, adaptive, tree) if drafter is not None else None
-    events = prefill(state, target, drafter, selector, stats, policy)
+    proposer = make_proposer(drafter, K, adaptive, finder, tree, costs, int(target.lm_head.weight.shape[0]))
+    events = prefill(state, target, proposer, selector)
     while True:
         for row, tokens in events:
             yield StreamEvent(row, tokens, state.results[row].finish_reason)
@@ -113,12 +124,12 @@ def stream(
                 drafter.keep_rows(live)
         joining = admit(capacity - ahead) if admit is not None else []
         if joining:  # their first tokens are streamed next; a joining row may finish at its first token
-            events = join(state, target, drafter, selector, stats, joining, capacity, capacity - ahead,
+            events = join(state, target, drafter, proposer, selector, stats, joining, capacity, capacity - ahead,
                           stop_token_ids)
             continue
         if not state.batch:
             return
-        events = step(state, target, drafter, selector, stats, policy, finder, tree)
+        events = step(state, target, proposer, selector, stats)
 
 
 @dataclass
@@ -131,7 +142,7 @@ class Admission:
     seed: int | None = None
 
 
-def join(state: DecodeState, target: Target, drafter, selector: Selector, stats, joining: list[Admission],
+def join(state: DecodeState, target: Target, drafter, proposer, selector: Selector, stats, joining: list[Admission],
          capacity: int, room: int, stop_token_ids) -> list[tuple[int, list[int]]]:
     """Prefill the joining rows on their own cache (of the decode's `capacity`) and append them to the decode;
     returns their first tokens' events. Each must fit `room` positions, prompt and budget together."""
@@ -149,7 +160,7 @@ def join(state: DecodeState, target: Target, drafter, selector: Selector, stats,
     selector.add_rows([a.seed for a in joining])
     if stats is not None:
         stats += [AcceptanceStats(K) for _ in joining]
-    events = prefill(new, target, drafter, selector, stats)
+    events = prefill(new, target, proposer, selector)
     state.add_rows(new)
     if drafter is not None:
         drafter.add_rows(prompts)
@@ -157,31 +168,96 @@ def join(state: DecodeState, target: Target, drafter, selector: Selector, stats,
 
 
 def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, stop_token_ids=None, selector=None,
-             adaptive=False, lookup=False, tree=False):
-    """Decode every prompt to completion; one GenerationResult per prompt, in order."""
+             adaptive=False, lookup=False, tree=False, costs: CostModel | None = None,
+             on_tokens: Callable[[int, list[int]], None] | None = None) -> list[GenerationResult]:
+    """Decode every prompt to completion as one batch (`stream`'s options); one GenerationResult per prompt, in
+    order, each with its statistics (tokens per second over the batch's wall time). `on_tokens(row, tokens)` sees
+    the tokens as they are committed."""
     check_stream_options(block_size, adaptive, lookup, tree)
     drafter = as_drafter(target, draft, block_size)
-    stats = [AcceptanceStats(drafter.block_size if drafter else 1) for _ in prompts]
+    K = drafter.block_size if drafter else 1
+    if drafter is not None and K > 1 and costs is None and (adaptive is True or lookup is True):
+        costs = measured_costs(target, drafter, tree, len(prompts))  # measured (once) before the clock starts
+    stats = [AcceptanceStats(K) for _ in prompts]
     tokens: list[list[int]] = [[] for _ in prompts]
     reasons: list[str] = ["length"] * len(prompts)
     start = time.perf_counter()
-    for event in stream(target, drafter, prompts, max_new_tokens=max_new_tokens,
-                        stop_token_ids=stop_token_ids, selector=selector, stats=stats, adaptive=adaptive,
-                        lookup=lookup, tree=tree):
+    for event in stream(target, drafter, prompts, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids,
+                        selector=selector, stats=stats, adaptive=adaptive, lookup=lookup, tree=tree, costs=costs):
         tokens[event.row].extend(event.tokens)
+        if on_tokens is not None:
+            on_tokens(event.row, event.tokens)
         if event.finish_reason is not None:
             reasons[event.row] = event.finish_reason
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
     elapsed = time.perf_counter() - start
     for s, t in zip(stats, tokens):
         s.seconds, s.new_tokens = elapsed, len(t)
     return [GenerationResult(t, r, s) for t, r, s in zip(tokens, reasons, stats)]
 
 
-def make_lookup(block_size: int, lookup) -> PromptLookup | None:
-    """lookup: False (none), True (a fresh PromptLookup), or a PromptLookup, used as is."""
+def make_lookup(block_size: int, lookup, costs: CostModel | None) -> PromptLookup | None:
+    """lookup: False (none), True (a fresh PromptLookup pricing its steps with `costs`), or a PromptLookup, used as
+    is."""
     if isinstance(lookup, PromptLookup):
         return lookup
-    return PromptLookup(block_size) if lookup else None
+    return PromptLookup(block_size, costs) if lookup else None
+
+
+def make_proposer(drafter: Drafter | None, block_size: int, adaptive, lookup: PromptLookup | None, tree: bool,
+                  costs: CostModel | None, vocab_size: int):
+    """The proposer of a decode (proposers.py): the target alone without a draft, else the draft's chain or tree
+    at widths from `adaptive` (True: a fresh adaptive policy over `costs`, False: the full block, or a policy
+    object used as is), with `lookup` grafted onto the tree or competing with the chain."""
+    if drafter is None:
+        return TargetAlone()
+    policy = make_policy(block_size, adaptive, costs, tree) if isinstance(adaptive, bool) else adaptive
+    return TreeProposer(drafter, policy, lookup) if tree else ChainProposer(drafter, policy, lookup, vocab_size)
+
+
+def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int) -> CostModel:
+    """The step costs of this target and draft at batch sizes up to `rows` (costs.py): from this process's memory,
+    else the disk cache, else measured now by timing fixed-width steps, and cached."""
+    config = getattr(drafter, "config", None)
+    if config is None:  # a drafter double (tests) has no model to time: a plain step, the draft at a third of one
+        return linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
+    key = cost_key(target, config, drafter.block_size, tree)
+    memory_key = key or (id(target), id(drafter.draft), drafter.block_size, tree)
+    model = _COSTS.setdefault(memory_key, CostModel())
+    buckets = [1 << i for i in range(batch_bucket(rows).bit_length())]  # 1, 2, 4, ... up to rows' bucket
+    folder = cache_root() / "costs"
+    if key is not None and not set(buckets) <= model.buckets():
+        model.update(read_cached(folder, key) or CostModel())
+    missing = [b for b in buckets if b not in model.buckets()]
+    if missing:
+        K = drafter.block_size
+        widths = candidate_widths(2 * K if tree else K)
+        model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing))
+        if key is not None:
+            write_cached(folder, key, model)
+    return model
+
+
+_COSTS: dict = {}  # cost models measured or read in this process, by cost key
+
+
+def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int) -> list[float]:
+    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt."""
+    vocab = int(target.lm_head.weight.shape[0])
+    length = max(4, min(PROMPT_LENGTH, target.max_positions // 4))
+    prompt = [(i * 7919 + 11) % vocab for i in range(length)]
+    budget = max(1, min((steps + 1) * width, target.max_positions - length - 4 * drafter.block_size))
+    watch, done = Stopwatch(width), []
+
+    def stop_after_steps():  # every row ends once `steps` steps are timed
+        done.append(1)
+        return range(rows) if len(done) > steps + 1 else []
+
+    for _ in stream(target, drafter, [prompt] * rows, max_new_tokens=budget, block_size=drafter.block_size,
+                    stop_token_ids=[], adaptive=watch, tree=tree, drop=stop_after_steps):
+        pass
+    return watch.seconds
 
 
 def _as_list(budget, count: int) -> list[int]:
@@ -189,22 +265,28 @@ def _as_list(budget, count: int) -> list[int]:
 
 
 def as_drafter(target: Target, draft, block_size: int | None):
-    """A draft model becomes a Drafter at the requested block size; a Drafter-like object passes through.
+    """A loaded draft (or a bare draft module) becomes a Drafter at the requested block size; a Drafter-like
+    object passes through.
 
-    A draft model is checked against the target first (once per pair): its shape and interface (docs/format.md), and
+    A draft is checked against the target first (once per pair): its shape and interface (docs/format.md), and
     that it lies on the target's device in its dtype, as `load_draft(path, target)` places it."""
-    if not isinstance(draft, DFlashDraftModel):
+    if isinstance(draft, DFlashDraftModel):
+        draft = LoadedDraft(draft)
+    if not isinstance(draft, LoadedDraft):
         return draft
-    if getattr(draft, "checked_with", None) is not target:
+    if _CHECKED.get(draft.module) is not target:
         # The last-layer id is a portability rule of load_draft (docs/format.md §3.1); this loop taps it as HF does.
         check_against_target(draft.config, target.config, allow_last_layer=True)
-        weight = draft.fc.weight
+        weight = draft.module.fc.weight
         if (weight.device, weight.dtype) != (target.device, target.dtype):
             raise InputError(f"the draft's weights are {str(weight.dtype).removeprefix('torch.')} on {weight.device} "
                              f"but the target runs {str(target.dtype).removeprefix('torch.')} on {target.device}; "
                              "load the draft with load_draft(path, target), which places it beside the target")
-        draft.checked_with = target
+        _CHECKED[draft.module] = target
     return Drafter(draft, target, block_size)
+
+
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft module -> the target it was checked with
 
 
 def eos_ids(target: Target) -> set[int]:

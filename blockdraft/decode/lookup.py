@@ -16,8 +16,8 @@ and keeps whichever the target agrees with further. `graft_length` sets how many
 weighing what grafted runs have been accepted against what one more verified position costs.
 
 Without trees, `PromptLookup` decides step by step whether the draft's block or a lookup block is verified.
-Each source has its own width policy (policy.py), which learns that source's acceptance and step times; a
-lookup step is taken when every live row has a match and the lookup's best expected rate is at least the
+Each source has its own width policy (policy.py), which learns that source's acceptance and prices its steps
+with the cost model (costs.py); a lookup step is taken when every live row has a match and the lookup's best expected rate is at least the
 draft's. A lookup step does not run the draft: like a plain step, it leaves the draft's pending context for
 the next drafted step.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from .costs import CostModel
 from .policy import AdaptiveWidth, budgeted_interval
 
 
@@ -82,14 +83,18 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
 class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
-    def __init__(self, block_size: int, *, policy=None, max_ngram: int = MAX_NGRAM, min_ngram: int = 2,
-                 width: int | None = None, explore_every: int = 16, explore_budget: float = 0.02) -> None:
+    def __init__(self, block_size: int, costs: CostModel | None = None, *, policy=None, max_ngram: int = MAX_NGRAM,
+                 min_ngram: int = 2, width: int | None = None, explore_every: int = 16,
+                 explore_budget: float = 0.02) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.block_size = block_size
         # A lookup block is not bounded by the draft's slots: 2K by default (anchor included), as wide as a tree.
         self.width = 2 * block_size if width is None else width
-        self.policy = AdaptiveWidth(self.width) if policy is None else policy
+        if policy is None and costs is None:
+            raise TypeError("a PromptLookup needs a CostModel (decode/costs.py) or a width policy of its own")
+        # Its blocks run no draft: priced as plain steps over more positions.
+        self.policy = AdaptiveWidth(self.width, costs, drafts=False) if policy is None else policy
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.steps = 0  # lookup steps taken (tree steps with a graft among them)
         self.explore_every, self.explore_budget = explore_every, explore_budget
@@ -117,16 +122,14 @@ class PromptLookup:
 
         A run grafted onto a plain step (width 1) of one row is verified without the draft, at t(1) + m * c; in
         a batch the rows are filled up with draft nodes (step.py), so it costs a drafted step of 1 + m nodes.
-        A draft policy that cannot say (a fixed width, or one still timing its widths) gets the whole run; so
-        does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed, or
+        A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed, or
         less often where that re-measurement would cost more than `explore_budget` of the decode time.
         """
         whole = min(available, self.width - 1)
-        cost = draft_policy.seconds_per_position() if hasattr(draft_policy, "seconds_per_position") else None
-        drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
-        timed = (2 if drafted else width) in getattr(draft_policy, "seconds", {})
-        if cost is None or not timed:
+        if not isinstance(draft_policy, AdaptiveWidth):  # a fixed width cannot price a graft
             return whole
+        cost = draft_policy.seconds_per_position()
+        drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
         # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
         seconds = draft_policy.step_seconds(2) - cost if drafted else draft_policy.step_seconds(width)
 
@@ -153,16 +156,8 @@ class PromptLookup:
             self.steps += 1
 
     def preferred_over(self, draft_policy) -> bool:
-        """Whether a lookup step is expected to commit tokens at least as fast as the draft's policy would.
-
-        A policy that cannot say (a fixed width, or one still timing its widths) leaves the lookup preferred:
-        a match is the stronger signal until measurements say otherwise.
-        """
-        mine, theirs = best_rate(self.policy), best_rate(draft_policy)
-        return mine is None or theirs is None or mine >= theirs
-
-
-def best_rate(policy) -> float | None:
-    """The policy's best expected tokens per second, when it knows one."""
-    rate = getattr(policy, "best_rate", None)
-    return rate() if rate is not None else None
+        """Whether a lookup step is expected to commit tokens at least as fast as the draft's policy would; a
+        fixed-width draft policy cannot say, and leaves the lookup preferred (a match is the stronger signal)."""
+        if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(self.policy, AdaptiveWidth):
+            return True
+        return self.policy.best_rate() >= draft_policy.best_rate()

@@ -1,0 +1,181 @@
+"""What a decode step costs: seconds by batch rows and verified positions, measured once, never per step.
+
+The width policy (policy.py) weighs each width's expected tokens against what a step of that width costs. It
+never reads a live clock: in 16-bit floats a K-row verify rounds near-ties differently from a narrower one, so
+widths chosen from wall-clock times would make the same request give different text from run to run
+(docs/design.md §14). Instead a `CostModel` is measured once, from a few fixed-width steps per width and
+batch-size bucket before the first decode that needs them (`measure_costs`), and kept for the process and on
+disk, keyed by the target, the draft, dtype, device, threads and torch version: the same request then chooses
+the same widths in every run on that machine. Tests and callers may pass a model of their own (`linear_costs`).
+
+Step times depend on how many rows a step decodes, so every table is kept per batch-size bucket (1, 2, 4, 8,
+...; `batch_bucket`); a bucket not measured borrows the nearest measured one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+STEPS_PER_WIDTH = 6  # timed steps per width and bucket (after WARM_STEPS untimed ones); the median counts
+WARM_STEPS = 2  # a first step of a shape pays one-off costs (allocation, kernel selection)
+PROMPT_LENGTH = 64  # positions of the synthetic prompt the steps are timed on
+
+
+def batch_bucket(rows: int) -> int:
+    """The timing bucket of a step over `rows` rows: the next power of two (1, 2, 4, 8, ...)."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+@dataclass
+class CostModel:
+    """Seconds of one decode step, per batch-size bucket: a plain step (one position, no draft) and drafted steps
+    at measured verify widths (positions, anchor included). Between and past measured widths a drafted step is
+    read off the straight line through its neighbours; a plain step of p positions (a lookup block) costs the
+    plain step plus `per_position` for each position past the first."""
+
+    plain: dict[int, float] = field(default_factory=dict)  # bucket -> seconds
+    drafted: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> {positions: seconds}
+
+    def buckets(self) -> set[int]:
+        return set(self.plain) & set(self.drafted)
+
+    def _bucket(self, rows: int) -> int:
+        """The measured bucket nearest to `rows`' bucket (the smaller on a tie)."""
+        want, known = batch_bucket(rows), sorted(self.buckets())
+        if not known:
+            raise ValueError("this CostModel holds no measurements; measure it with measure_costs first")
+        return min(known, key=lambda b: (abs(b.bit_length() - want.bit_length()), b))
+
+    def seconds(self, rows: int, positions: int, drafted: bool) -> float:
+        """Expected seconds of a step over `rows` rows verifying `positions` positions, with or without the draft."""
+        bucket = self._bucket(rows)
+        if not drafted:
+            return self.plain[bucket] + self.per_position(rows) * max(positions - 1, 0)
+        table = self.drafted[bucket]
+        widths = sorted(table)
+        if positions in table or len(widths) == 1:
+            return table.get(positions, table[widths[0]])
+        # The segment that holds `positions`, or the first or last one to extrapolate from.
+        upper = next((w for w in widths[1:] if w >= positions), widths[-1])
+        lower = widths[widths.index(upper) - 1]
+        slope = (table[upper] - table[lower]) / (upper - lower)
+        return max(table[lower] + slope * (positions - lower), 0.0)
+
+    def per_position(self, rows: int) -> float:
+        """What one more verified position costs: the slope from the narrowest to the widest drafted step (both
+        run the draft, so its own cost cancels), never negative."""
+        table = self.drafted[self._bucket(rows)]
+        low, high = min(table), max(table)
+        return max((table[high] - table[low]) / (high - low), 0.0) if high > low else 0.0
+
+    def to_json(self) -> dict:
+        return {"plain": {str(b): s for b, s in self.plain.items()},
+                "drafted": {str(b): {str(w): s for w, s in t.items()} for b, t in self.drafted.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostModel:
+        return cls({int(b): float(s) for b, s in data["plain"].items()},
+                   {int(b): {int(w): float(s) for w, s in t.items()} for b, t in data["drafted"].items()})
+
+    def update(self, other: CostModel) -> None:
+        self.plain.update(other.plain)
+        self.drafted.update(other.drafted)
+
+
+def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 8, 16, 32),
+                 buckets=(1, 2, 4, 8, 16, 32, 64)) -> CostModel:
+    """A model where a plain step costs `plain`, the draft adds `draft`, and each verified position past the first
+    adds `per_position` seconds, the same in every bucket (tests; a first guess where nothing can be measured)."""
+    drafted = {w: plain + draft + per_position * (w - 1) for w in widths}
+    return CostModel({b: plain for b in buckets}, {b: dict(drafted) for b in buckets})
+
+
+def measure_costs(decode_steps, widths: list[int], buckets: list[int]) -> CostModel:
+    """Time `STEPS_PER_WIDTH` steps of each width in each bucket: `decode_steps(rows, width, steps)` decodes
+    `rows` rows at a fixed width for `steps` steps and returns the seconds of each step. The median of the steps
+    after the first `WARM_STEPS` counts."""
+    model = CostModel()
+    for bucket in buckets:
+        times = {}
+        for width in widths:
+            seconds = decode_steps(bucket, width, WARM_STEPS + STEPS_PER_WIDTH)[WARM_STEPS:]
+            times[width] = statistics.median(seconds) if seconds else 0.0
+        model.plain[bucket] = times.pop(1)
+        model.drafted[bucket] = times
+    return model
+
+
+class Stopwatch:
+    """A fixed-width policy (policy.py's protocol) that times the steps it chooses: the seconds between one
+    `choose` and the next are one whole step, loop included."""
+
+    def __init__(self, width: int) -> None:
+        self.width, self.last, self.seconds = width, None, []
+
+    def choose(self) -> int:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.seconds.append(now - self.last)
+        self.last = now
+        return self.width
+
+    def observe(self, width: int, num_accepted: list[int], within=None) -> None:
+        pass
+
+    def at_batch(self, rows: int) -> None:
+        pass
+
+
+def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
+    """The disk-cache key of a cost model: what makes a step cost what it does. None for a target without a name
+    (a model built in memory), whose costs are kept for the process only."""
+    if not getattr(target, "name", ""):
+        return None
+    device = target.device
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    described = dict(target=target.name, layers=target.num_layers, vocab=int(target.lm_head.weight.shape[0]),
+                     dtype=str(target.dtype), device=hardware, threads=torch.get_num_threads(),
+                     torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
+                     draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
+                                taps=list(draft_config.target_layer_ids)),
+                     block_size=block_size, tree=tree, steps=STEPS_PER_WIDTH, prompt=PROMPT_LENGTH)
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def read_cached(folder: Path, key: str) -> CostModel | None:
+    """The cost model cached under `key`, or None (missing or unreadable: it is measured again)."""
+    try:
+        return CostModel.from_json(json.loads((folder / f"{key}.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_cached(folder: Path, key: str, model: CostModel) -> None:
+    """Cache `model` under `key`, written whole or not at all; a cache that cannot be written is skipped (the
+    model is then measured again by the next process)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f"{key}.json.partial"
+        partial.write_text(json.dumps(model.to_json(), indent=1))
+        partial.replace(folder / f"{key}.json")
+    except OSError:
+        pass

@@ -1,0 +1,178 @@
+"""Where a step's guesses come from: the target alone, the draft's chain, the draft's token tree, a prompt lookup,
+or a lookup run grafted onto the tree. Each proposer returns one `Proposal`; the step (step.py) verifies,
+accepts and rolls back every kind the same way, then tells the proposer what was accepted (`observe`), which it
+passes on to its width policies (policy.py) and lookup (lookup.py).
+
+Shapes: B live rows, N nodes (anchor included), V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .drafter import Drafter
+from .lookup import PromptLookup
+from .policy import TreeWidth, WidthPolicy
+from .selection import Selector
+from .state import DecodeState
+from .tree import TOP_K, Tree, accepted_depth, build_grafted_tree, max_nodes
+
+
+@dataclass
+class Proposal:
+    """What one step verifies: the anchor (node 0) and the guesses after it, as a tree; a chain is the tree in
+    which node i's parent is node i-1 (`parents` None)."""
+
+    tokens: torch.Tensor  # [B, N] node tokens
+    depths: torch.Tensor  # [B, N] 0 for the anchor, d for a guess at slot d
+    parents: torch.Tensor | None  # [B, N] parent node, -1 for the anchor; None for a chain
+    q: torch.Tensor | None  # [B, N-1, V] each chain guess's q (rejection sampling); None when picks are deterministic
+    drafted: bool  # whether the draft took in the pending context this step (else it waits for the next)
+    reach: int  # the slots this step could reach (its width), for the per-position rates
+    lookup: bool = False  # whether looked-up tokens are among the guesses
+
+    @property
+    def tree(self) -> Tree:
+        return Tree(self.tokens, self.parents, self.depths)
+
+
+def chain(anchors: torch.Tensor, guesses: torch.Tensor, q: torch.Tensor | None, drafted: bool,
+          lookup: bool = False) -> Proposal:
+    """A chain proposal of anchors [B] and guesses [B, n] -> N = n + 1 nodes."""
+    tokens = torch.cat([anchors[:, None], guesses], dim=1)  # [B, N]
+    depths = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+    return Proposal(tokens, depths, None, q, drafted, tokens.shape[1], lookup)
+
+
+class TargetAlone:
+    """No guesses: every step is the target's own one-token step (the exactness oracle and speed baseline)."""
+
+    tap_layer_ids: tuple[int, ...] = ()
+
+    def propose(self, state: DecodeState, selector: Selector) -> Proposal:
+        anchors, _ = state.anchors()
+        return chain(anchors, anchors.new_zeros(anchors.shape[0], 0), None, drafted=False)
+
+    def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None:
+        pass
+
+
+class ChainProposer:
+    """The draft's block of w-1 guesses, one per slot, or, with a `lookup`, a looked-up block instead when that
+    is expected to commit tokens faster."""
+
+    def __init__(self, drafter: Drafter, policy: WidthPolicy, lookup: PromptLookup | None = None,
+                 vocab_size: int = 0) -> None:
+        self.drafter, self.policy, self.lookup = drafter, policy, lookup
+        self.tap_layer_ids = drafter.tap_layer_ids
+        self.vocab_size = vocab_size  # the target's: a looked-up guess's q is one-hot over it
+        self.chooser = policy  # the policy whose choice the last proposal was
+
+    def propose(self, state: DecodeState, selector: Selector) -> Proposal:
+        anchors, s = state.anchors()  # [B], [B]
+        for policy in (self.policy, self.lookup.policy if self.lookup is not None else None):
+            if policy is not None:
+                policy.at_batch(anchors.shape[0])
+        found = self.lookup.propose(state.tokens, state.lengths) if self.lookup is not None else None
+        looked = found is not None and self.lookup.preferred_over(self.policy)
+        self.chooser = self.lookup.policy if looked else self.policy
+        width = self.chooser.choose()
+        if width == 1:  # a plain step: the draft's pending positions wait for the next drafted step
+            return chain(anchors, anchors.new_zeros(anchors.shape[0], 0), None, drafted=False)
+        if looked:  # no longer than the longest match; the draft is not run
+            width = min(width, 1 + int(found[1].max()))
+            guesses, q = selector.point_mass(found[0][:, : width - 1], self.vocab_size)
+            self.lookup.steps += 1
+            return chain(anchors, guesses, q, drafted=False, lookup=True)
+        # The draft runs all K slots, as trained; the head scores only the w-1 guesses this step verifies.
+        self.drafter.append_context(state.pending, state.pending_counts)
+        logits = self.drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
+        ahead = s[:, None] + 1 + torch.arange(width - 1, device=s.device)  # [B, w-1]: the guesses' positions
+        guesses, q = selector.propose(logits, anchors, state.row_ids, ahead)  # [B, w-1], [B, w-1, V] or None
+        return chain(anchors, guesses, q, drafted=True)
+
+    def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None:
+        self.chooser.observe(proposal.tokens.shape[1], num_accepted.tolist())
+
+
+class TreeProposer:
+    """The draft's `width` likeliest nodes as a token tree (tree.py), with, given a `lookup`, each row's looked-up
+    run grafted on as one more path from the anchor when it pays: one verify tries both."""
+
+    def __init__(self, drafter: Drafter, policy: WidthPolicy, lookup: PromptLookup | None = None) -> None:
+        self.drafter, self.policy, self.lookup = drafter, policy, lookup
+        self.tap_layer_ids = drafter.tap_layer_ids
+        self.size, self.graft, self.runs, self.run_nodes = 1, 0, (None, None), None  # the last tree's parts
+
+    def propose(self, state: DecodeState, selector: Selector) -> Proposal:
+        anchors, s = state.anchors()  # [B], [B]
+        B = anchors.shape[0]
+        for policy in (self.policy, self.lookup.policy if self.lookup is not None else None):
+            if policy is not None:
+                policy.at_batch(B)
+        width = self.policy.choose()
+        found, graft = self._graft_runs(state, width) if self.lookup is not None else (None, 0)
+        self.size, self.graft = 1, graft
+        if width == 1 and graft == 0:  # a plain step
+            return chain(anchors, anchors.new_zeros(B, 0), None, drafted=False)
+        self.runs = (found[0][:, :graft], found[1].clamp(max=graft)) if graft > 0 else (None, None)
+        # The draft's slot distributions, then the likeliest nodes over them, then the runs. A row of a batch whose
+        # run adds fewer nodes is filled up with more draft nodes, so a graft onto a batch drafts every slot.
+        drafted = width > 1 or (graft > 0 and B > 1)
+        candidates = None
+        if drafted:
+            self.drafter.append_context(state.pending, state.pending_counts)
+            K = self.drafter.block_size
+            slots = K - 1 if graft > 0 and B > 1 else min(K - 1, width - 1)
+            ahead = s[:, None] + 1 + torch.arange(slots, device=s.device)  # [B, n]: the slots' positions
+
+            def score(logits, ids, vocab_size):  # coupled sampling ranks the candidates under their positions' noise
+                return selector.draft_scores(logits, ids, vocab_size, ahead, state.row_ids)
+
+            candidates = self.drafter.propose_top(anchors, s, slots, TOP_K, score)  # scores, tokens [B, n, k]
+            self.size = min(width, max_nodes(slots, TOP_K))
+        tree, self.run_nodes = build_grafted_tree(anchors, candidates, self.size, *self.runs)  # run_nodes [B, graft]
+        reach = int(tree.depths.max()) + 1  # the slots this tree reached
+        return Proposal(tree.tokens, tree.depths, tree.parents, None, drafted, reach, lookup=graft > 0)
+
+    def _graft_runs(self, state: DecodeState, width: int):
+        """The rows' lookup runs (guesses [B, W-1], lengths [B]; None without a match) and how many of their
+        tokens to graft onto a tree of `width` nodes. The runs are looked up only where some graft would pay if
+        every row had a full-length run (a lookup over every row's context costs a few percent of a batched
+        plain step)."""
+        lookup, rows = self.lookup, state.lengths.shape[0]
+        if lookup.graft_length(self.policy, width, lookup.width - 1, rows=rows) == 0:
+            lookup.observe_graft(0, [])
+            return None, 0
+        found = lookup.runs(state.tokens, state.lengths)
+        if found is None:
+            return None, 0
+        graft = lookup.graft_length(self.policy, width, int(found[1].max()), rows=rows)
+        if graft == 0:
+            lookup.observe_graft(0, [])
+        return found, graft
+
+    def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None:
+        """Tell each source's policy what its part of the step accepted, as if verified alone: the draft's first
+        `size` nodes, and the grafted runs. A run grafted onto a plain step of a batch ran the draft too (to fill
+        rows up), which tells nothing of the draft's own nodes."""
+        if proposal.parents is None:  # a plain step
+            self.policy.observe(1, num_accepted.tolist())
+            return
+        tree = proposal.tree
+        if not (self.size == 1 and proposal.drafted):
+            accepted = accepted_depth(tree, ok, self.size).tolist()
+            # What each narrower tree would have accepted: its first w nodes. Exact when greedy or coupled; under
+            # rejection sampling equal in distribution, since a node's children are tried in tree order and a
+            # narrower tree holds a prefix of them (sampling/tree.py; test_sampling_tree.py checks the means).
+            within = None
+            if isinstance(self.policy, TreeWidth):
+                within = {w: accepted_depth(tree, ok, w).tolist() for w in self.policy.widths if 1 < w <= self.size}
+            self.policy.observe(self.size, accepted, within=within)
+        if self.graft > 0:
+            lengths = self.runs[1]
+            on_run = torch.arange(self.graft, device=ok.device)[None, :] < lengths[:, None]  # [B, graft]
+            hits = ok.gather(1, self.run_nodes) & on_run  # a run token is accepted when its node is
+            self.lookup.observe_graft(self.graft, hits.long().cumprod(dim=1).sum(dim=1).tolist())
