@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
+from .decode.decoder import Decoder
 from .decode.generate import GenerationResult
-from .decode.generate import generate as generate_ids
-from .decode.selection import Selector, is_coupled
+from .decode.options import DecodeOptions, resolve
 from .errors import InputError
 from .io.drafts import DEFAULT_DRAFT, SHIPPED_DRAFTS, LoadedDraft, load_draft, untrained_draft
 from .metrics import AcceptanceStats
 from .model.draft import DFlashDraftModel
 from .model.target import Target
 from .sampling import SamplingParams
-from .train.data import encode_prompt
+from .io.prompts import encode_prompt
 
 @dataclass
 class Completion:
@@ -67,13 +67,19 @@ def encode(target: Target, prompt, chat: bool = True) -> list[int]:
     return [int(t) for t in prompt]  # ids themselves are checked against the vocabulary before decoding
 
 
-def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, *, max_new_tokens: int = 256,
-             block_size: int | None = None, chat: bool = True, stop_token_ids=None,
-             sampling: SamplingParams | None = None, draft_argmax: bool = False, adaptive: bool = False,
-             lookup: bool = False, tree: bool = False, sampler: str = "auto"):
+def generate(target: Target, draft: LoadedDraft | DFlashDraftModel | None, prompt_or_prompts, *,
+             max_new_tokens: int = 256, chat: bool = True, stop_token_ids=None, options: DecodeOptions | None = None,
+             sampling: SamplingParams | None = None, block_size: int | None = None, tree: bool | None = None,
+             adaptive: bool | None = None, lookup: bool | None = None, sampler: str | None = None,
+             draft_argmax: bool | None = None):
     """Generate for one prompt -> Completion, or for a list of prompts -> list[Completion], decoded as one batch.
 
     A prompt is text, chat messages or token ids (see `encode`); prompts of different lengths batch together.
+    How to decode is one `DecodeOptions` (decode/options.py): `options`, else the defaults, which are the CLI's
+    and the server's (adaptive token trees with prompt-lookup runs grafted on, the draft's block size), with any
+    of its fields given here by name on top. Every choice keeps the output exact; only speed differs, and the
+    same request gives the same tokens every time (docs/design.md §14).
+
     `sampling` None or temperature 0 is greedy. At temperature > 0 the output is distributed exactly as the
     target's own sampling. Prompt i draws from its own seed, `sampling.seed + i`, so a seeded call is
     reproducible and prompt i gives the same tokens alone with seed `seed + i` as in the batch (up to float
@@ -82,17 +88,12 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     a draft and at any widths) and by rejection otherwise; "coupled" or "rejection" forces one.
     `draft_argmax` proposes the draft's argmax instead of sampling it (rejection sampling only; still exact).
     `stop_token_ids` None stops at the target's end-of-sequence ids.
-    `adaptive` verifies, at each step, the number of proposals that currently pays best (none when the draft
-    keeps missing): same output, never much slower than the target alone. Under rejection sampling it makes a
-    seed's sample depend on timing (still exactly distributed); coupled samples do not depend on it.
-    `lookup` lets a step verify a prompt-lookup block (a continuation of an earlier occurrence of the row's last
-    tokens) instead of the draft's, when every row has one and it pays more: same output again. `tree`
-    verifies the draft's likeliest alternatives per slot too, as a token tree in one target forward: more tokens
-    per step at the same verify width; greedy output unchanged, sampling still exact (point-mass tests).
     """
     if sampling is not None and not isinstance(sampling, SamplingParams):
         raise InputError(f"`sampling` must be a SamplingParams or None, got {type(sampling).__name__}; "
                          "pass SamplingParams(temperature=..., top_p=..., seed=...)")
+    options = resolve(options, sampling=sampling, block_size=block_size, tree=tree, adaptive=adaptive,
+                      lookup=lookup, sampler=sampler, draft_argmax=draft_argmax)
     prompt_or_prompts = _plain(prompt_or_prompts)  # a tensor or array of ids: 1-D one prompt, 2-D a batch
     if prompt_or_prompts is None or isinstance(prompt_or_prompts, (dict, int, float)):
         raise InputError(f"`prompt_or_prompts` must be text, chat messages, token ids or a list of those, got "
@@ -101,12 +102,8 @@ def generate(target: Target, draft: DFlashDraftModel | None, prompt_or_prompts, 
     single = isinstance(prompt_or_prompts, str) or _is_messages(prompt_or_prompts) or _is_ids(prompt_or_prompts)
     prompts = [prompt_or_prompts] if single else list(prompt_or_prompts)
     ids = [encode(target, p, chat) for p in prompts]
-    sampling = sampling or SamplingParams()
-    coupled = is_coupled(sampler, sampling.greedy, seeded=sampling.seed is not None)
-    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax, coupled=coupled)
-    results = generate_ids(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
-                           stop_token_ids=stop_token_ids, selector=selector, adaptive=adaptive,
-                           lookup=lookup, tree=tree)
+    results = Decoder(target, draft, options).generate(ids, max_new_tokens=max_new_tokens,
+                                                       stop_token_ids=stop_token_ids)
     done = [_completion(target, r) for r in results]
     return done[0] if single else done
 

@@ -200,21 +200,24 @@ def test_a_coupled_bench_compares_our_samples_with_ours_baseline(tmp_path):
 
 
 def test_sampled_methods_draw_fresh_reproducible_samples():
+    from dataclasses import replace
+
     from blockdraft.bench.methods import HFMethod, OursMethod
+    from blockdraft.decode.options import PRESETS
     from blockdraft.sampling import SamplingParams
 
     target = tiny_target("llama")
     draft = tiny_draft(target, block_size=4)
     sampling = SamplingParams(temperature=1.0, seed=9)
     prompts = [[1, 5, 9], [3, 4], [7, 8, 9], [6, 6]]
-    for make in (lambda: OursMethod("blockdraft", target, draft, 4, [STOP], sampling=sampling),
+    for make in (lambda: OursMethod("blockdraft", target, draft, replace(PRESETS["chain"], block_size=4), [STOP], sampling=sampling),
                  lambda: HFMethod("hf-generate", target, [STOP], sampling=sampling)):
         method = make()
         first, second = ([d.tokens for d in method.decode(prompts, 8)] for _ in range(2))
         assert first != second, "each call draws fresh samples"
         assert [d.tokens for d in make().decode(prompts, 8)] == first, "the base seed reproduces a run"
-    greedy = [d.tokens for d in OursMethod("ours-baseline", target, None, None, [STOP]).decode(prompts, 8)]
-    sampled = [d.tokens for d in OursMethod("ours-baseline", target, None, None, [STOP], sampling=sampling).decode(
+    greedy = [d.tokens for d in OursMethod("ours-baseline", target, None, PRESETS["chain"], [STOP]).decode(prompts, 8)]
+    sampled = [d.tokens for d in OursMethod("ours-baseline", target, None, PRESETS["chain"], [STOP], sampling=sampling).decode(
         prompts, 8)]
     assert sampled != greedy
 
@@ -258,27 +261,19 @@ def test_reference_runtime_is_skipped_with_a_note_when_missing(monkeypatch):
     assert method is None and "not installed" in note, "an absent optional runtime must be skipped, never fatal"
 
 
-def test_adaptive_method_keeps_one_policy_across_prompts():
-    from blockdraft.bench.methods import ADAPTIVE, LOOKUP, SPECULATIVE, TREE, build_methods
-    from blockdraft.decode.policy import TreeWidth
+def test_our_methods_are_the_named_presets_and_repeat_their_output():
+    from dataclasses import replace
+
+    from blockdraft.bench.methods import ADAPTIVE, BASELINE, LOOKUP, SPECULATIVE, TREE, build_methods
+    from blockdraft.decode.options import PRESETS
 
     target = tiny_target("llama")
     methods, _ = build_methods(target, tiny_draft(target, block_size=4), 4, [STOP])
-    adaptive = next(m for m in methods if m.name == ADAPTIVE)
-    policy = adaptive.policy
-    adaptive.decode([[1, 5, 9]], 6)
-    steps = policy.steps
-    assert steps > 0 and policy.seconds, "the first prompt measured step times"
-    adaptive.decode([[3, 4]], 6)
-    assert adaptive.policy is policy and policy.steps > steps, "the second prompt goes on with the same policy"
-    assert next(m for m in methods if m.name == SPECULATIVE).policy is False, "the full-block method stays fixed"
-    fixed_tree = next(m for m in methods if m.name == TREE)
-    assert fixed_tree.tree and fixed_tree.policy is False and not next(
-        m for m in methods if m.name == SPECULATIVE).tree, "only the tree methods verify trees"
-    assert adaptive.tree and isinstance(policy, TreeWidth), "adaptive methods pick a tree's node count"
-    assert adaptive.lookup is False
-    with_lookup = next(m for m in methods if m.name == LOOKUP)
-    finder = with_lookup.lookup
-    with_lookup.decode([[1, 5, 9, 1, 5]], 6)
-    with_lookup.decode([[3, 4]], 6)
-    assert with_lookup.lookup is finder and finder.policy is not with_lookup.policy
+    by_name = {m.name: m for m in methods}
+    for name, preset in ((SPECULATIVE, "chain"), (TREE, "tree"), (ADAPTIVE, "adaptive"), (LOOKUP, "default")):
+        assert by_name[name].decoder.options == replace(PRESETS[preset], block_size=4, sampler="rejection"), name
+    assert not by_name[BASELINE].decoder.speculative
+    for method in (by_name[ADAPTIVE], by_name[LOOKUP]):  # fresh policies per call: a prompt decodes alike twice
+        first = [d.stats.histogram for d in method.decode([[1, 5, 9, 1, 5]], 12)]
+        method.decode([[3, 4]], 12)
+        assert [d.stats.histogram for d in method.decode([[1, 5, 9, 1, 5]], 12)] == first, method.name

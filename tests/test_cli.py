@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from blockdraft.cli import main
-from blockdraft.commands.generate import decode_modes
 from blockdraft.io.checkpoint import write_checkpoint
 
 from conftest import char_tokenizer, tiny_draft, tiny_target
@@ -51,10 +50,10 @@ def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(fol
 
     original = command._run
 
-    def wrong_speculative(target, draft, ids, block, **kw):  # a decode that changes the fourth new token
-        tokens, rows, stats = original(target, draft, ids, block, **kw)
-        if draft is not None:
-            tokens[0][3] = (tokens[0][3] + 1) % target.lm_head.weight.shape[0]
+    def wrong_speculative(decoder, ids, max_new_tokens, **kw):  # a decode that changes the fourth new token
+        tokens, rows, stats = original(decoder, ids, max_new_tokens, **kw)
+        if decoder.speculative:
+            tokens[0][3] = (tokens[0][3] + 1) % decoder.target.lm_head.weight.shape[0]
         return tokens, rows, stats
 
     monkeypatch.setattr(command, "_run", wrong_speculative)
@@ -144,32 +143,47 @@ def test_generate_compare_with_lookups_names_the_mode_and_matches(folders, capsy
     target, draft = folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
                        "float32", "--max-new-tokens", "24", "--compare")
-    assert code == 0 and "identical" in out and "adaptive, lookup, tree" in out, out
+    assert code == 0 and "identical" in out and "adaptive tree + lookup" in out, out
     code, out, _ = run(capsys, "generate", "abcabc", "--target", target, "--draft", draft, "--dtype", "float32",
                        "--max-new-tokens", "8", "--compare", "--lookup", "off")
-    assert code == 0 and "adaptive," in out and "lookup" not in out.splitlines()[-1]
+    assert code == 0 and "adaptive tree," in out and "lookup" not in out.splitlines()[-1]
 
 
-def test_decode_modes_adapt_unless_a_seed_must_reproduce_its_text():
-    # auto: trees always; adaptive widths and lookups for greedy decoding and for unseeded sampling; a user's
-    # --seed keeps one fixed tree, so that the seed reproduces its text.
-    assert decode_modes("auto", "auto", "auto", greedy=True, seeded=False) == (True, True, True)
-    assert decode_modes("auto", "auto", "auto", greedy=False, seeded=False) == (True, True, True)
-    assert decode_modes("auto", "auto", "auto", greedy=False, seeded=True) == (False, False, True)
-    assert decode_modes("on", "auto", "off", greedy=False, seeded=True) == (True, True, False)
-    assert decode_modes("off", "on", "auto", greedy=True, seeded=False) == (False, True, True)
+def test_every_door_decodes_with_the_same_defaults():
+    """The API, the CLI (flags at auto) and the server start from one DecodeOptions: the best exact mode."""
+    import inspect
+
+    from blockdraft import api
+    from blockdraft.commands.generate import _switch
+    from blockdraft.decode.options import DecodeOptions, resolve
+
+    defaults = DecodeOptions()
+    assert (defaults.tree, defaults.adaptive, defaults.lookup) == (True, True, True)
+    unset = {name: p.default for name, p in inspect.signature(api.generate).parameters.items()
+             if name in ("tree", "adaptive", "lookup", "block_size", "sampler", "draft_argmax", "options")}
+    assert resolve(**{k: v for k, v in unset.items() if k != "options"}) == defaults, "the API's defaults drifted"
+    assert resolve(tree=_switch("auto"), adaptive=_switch("auto"), lookup=_switch("auto")) == defaults
+    with pytest.raises(Exception, match="unknown decode option"):
+        resolve(trees=True)
 
 
-def test_unseeded_sampling_says_its_widths_adapt(folders, capsys):
+def test_unseeded_sampling_prints_how_to_draw_the_same_text_again(folders, capsys):
+    import re
+
     target, draft = folders
     common = ["generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32", "--max-new-tokens",
-              "6", "--temperature", "0.8"]
+              "12", "--temperature", "0.8"]
     code, out, _ = run(capsys, *common)
-    # Not "adaptive:" in the statistics line: whether 6 tokens take a plain step depends on step timings.
-    assert code == 0 and "widths adapt to timing" in out and "rejection" in out, out
+    again = re.search(r"rerun with (--seed \d+ --sampler rejection)", out)
+    assert code == 0 and again is not None, out
+    code, repeat, _ = run(capsys, *common, *again.group(1).split())
+
+    def text(printed: str) -> str:  # what was streamed: between the sampling line and the statistics line
+        return printed.split("\n", 1)[1].rsplit("[speculative]", 1)[0]
+
+    assert code == 0 and text(repeat) == text(out), "the printed seed must reproduce the unseeded run"
     code, out, _ = run(capsys, *common, "--seed", "3")
-    assert code == 0 and "widths adapt" not in out and "adaptive:" not in out.splitlines()[-1], out
-    assert "coupled" in out, "a seeded sample is coupled by default"
+    assert code == 0 and "rerun" not in out and "coupled" in out, "a seeded sample is coupled by default"
 
 
 def test_a_seeded_sample_compares_identical_to_the_target_alone(folders, capsys):

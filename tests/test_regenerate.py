@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from blockdraft.decode.decoder import Decoder
 from blockdraft.errors import InputError
 from blockdraft.prompts.readers import Prompt
 from blockdraft.train import regenerate
@@ -45,9 +46,9 @@ def test_resume_keeps_written_shards_and_adds_only_new_prompts(target, tmp_path,
     build(target, tmp_path, count=4)
     before = {p.name: p.read_bytes() for p in tmp_path.glob("data-*.jsonl")}
     regenerated = []
-    generate = regenerate.generate
-    monkeypatch.setattr(regenerate, "generate", lambda t, d, prompts, **kw: (regenerated.extend(prompts),
-                                                                               generate(t, d, prompts, **kw))[1])
+    generate = Decoder.generate
+    monkeypatch.setattr(Decoder, "generate", lambda self, prompts, **kw: (regenerated.extend(prompts),
+                                                                          generate(self, prompts, **kw))[1])
     meta = build(target, tmp_path, count=7)
     examples = read_examples(tmp_path)
     assert len(regenerated) == 3, "the 4 prompts already written are not regenerated"
@@ -76,22 +77,22 @@ def test_counts_below_one_are_refused_by_name(target, tmp_path, name):
 def test_an_empty_response_is_remembered_not_regenerated(target, tmp_path, monkeypatch):
     from blockdraft.decode.generate import GenerationResult
 
-    generate = regenerate.generate
+    generate = Decoder.generate
 
-    def first_one_empty(t, d, prompts, **kw):
-        results = generate(t, d, prompts, **kw)
+    def first_one_empty(decoder, prompts, **kw):
+        results = generate(decoder, prompts, **kw)
         return [GenerationResult([], "stop", r.stats) if ids == prompts_seen[0] else r
                 for ids, r in zip(prompts, results)]
 
     prompts_seen = []
-    monkeypatch.setattr(regenerate, "generate",
-                        lambda t, d, prompts, **kw: (prompts_seen or prompts_seen.append(prompts[0]),
-                                                     first_one_empty(t, d, prompts, **kw))[1])
+    monkeypatch.setattr(Decoder, "generate",
+                        lambda decoder, prompts, **kw: (prompts_seen or prompts_seen.append(prompts[0]),
+                                                        first_one_empty(decoder, prompts, **kw))[1])
     meta = build(target, tmp_path, count=4)
     assert meta["skipped"]["empty_response"] == 1 and meta["examples"] == 3
     asked = []
-    monkeypatch.setattr(regenerate, "generate", lambda t, d, prompts, **kw: (asked.extend(prompts),
-                                                                               generate(t, d, prompts, **kw))[1])
+    monkeypatch.setattr(Decoder, "generate", lambda decoder, prompts, **kw: (asked.extend(prompts),
+                                                                          generate(decoder, prompts, **kw))[1])
     meta = build(target, tmp_path, count=4)
     assert asked == [] and meta["skipped"]["empty_response"] == 1, "counted once, never regenerated"
 

@@ -24,7 +24,7 @@ from blockdraft.decode.generate import generate
 from blockdraft.sampling import SamplingParams
 from blockdraft.server import create_app
 from blockdraft.server.stops import StopStrings
-from blockdraft.train.data import encode_prompt
+from blockdraft.io.prompts import encode_prompt
 
 from conftest import char_tokenizer, tiny_draft, tiny_target
 

@@ -13,11 +13,14 @@ from dataclasses import replace
 
 import pytest
 
+from blockdraft.decode import decoder as decoder_module
+from blockdraft.decode.decoder import Decoder
 from blockdraft.sampling import SamplingParams
 from blockdraft.server import worker as worker_module
 from blockdraft.server.worker import Tokens, Worker
 
-from test_server import CHAT, TEXT, _wait_for, chat_body, client, model, sse_payloads, text_body  # noqa: F401
+from test_server import (CHAT, TEXT, _wait_for, chat_body, client, model, sse_payloads,  # noqa: F401
+                         streamed_text, text_body)
 
 
 def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]]:
@@ -25,7 +28,7 @@ def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]
 
     Returns each request's choice and the sizes of the batches the worker ran meanwhile.
     """
-    gate, sizes, real = threading.Event(), [], worker_module.stream
+    gate, sizes, real = threading.Event(), [], decoder_module.stream
 
     def gated(target, drafter, prompts, **kwargs):
         sizes.append(len(prompts))
@@ -33,7 +36,7 @@ def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]
             gate.wait(timeout=60)  # hold the worker in its first batch while the others queue up
         yield from real(target, drafter, prompts, **kwargs)
 
-    monkeypatch.setattr(worker_module, "stream", gated)
+    monkeypatch.setattr(decoder_module, "stream", gated)
     worker = client.app.state.worker
     with ThreadPoolExecutor(len(bodies) + 1) as pool:
         blocker = pool.submit(client.post, TEXT, json=text_body("hold", max_tokens=2))
@@ -65,7 +68,7 @@ def test_concurrent_greedy_requests_each_match_alone(client, monkeypatch, join):
 def queued_worker(model, requests) -> Worker:
     """A worker that is not started (batches and joins are taken by hand) with `requests` queued in order:
     (id, prompt, max_tokens, sampling)."""
-    worker = Worker(*model, max_batch=8)
+    worker = Worker(Decoder(*model), max_batch=8)
 
     async def queue() -> None:
         for request in requests:
@@ -80,13 +83,13 @@ def test_joining_keeps_arrival_order_and_never_overtakes(model):
     worker = queued_worker(model, [("a", [5] * 10, 20, SamplingParams()),
                                    ("b", [5] * 10, 500, SamplingParams()),  # over the room: stops the joining
                                    ("c", [5] * 10, 20, SamplingParams())])
-    assert [job.request_id for job in worker._take_joining(SamplingParams(), True, 100, 8)] == ["a"]
+    assert [job.request_id for job in worker._take_joining(SamplingParams(), False, 100, 8)] == ["a"]
     assert [job.request_id for job in worker._pending] == ["b", "c"]
-    assert worker._take_joining(SamplingParams(), True, 1000, 1)[0].request_id == "b", "at most `free` rows join"
-    assert worker._take_joining(hot, True, 1000, 8) == [], "another group never joins"
+    assert worker._take_joining(SamplingParams(), False, 1000, 1)[0].request_id == "b", "at most `free` rows join"
+    assert worker._take_joining(hot, False, 1000, 8) == [], "another group never joins"
     seeded = queued_worker(model, [("d", [5] * 10, 20, replace(hot, seed=4))])
-    assert seeded._take_joining(hot, True, 1000, 8) == [], "a seeded sample never joins a batch whose widths adapt"
-    assert [job.request_id for job in seeded._take_joining(hot, False, 1000, 8)] == ["d"]
+    assert seeded._take_joining(hot, False, 1000, 8) == [], "a seeded (coupled) sample never joins a rejection batch"
+    assert [job.request_id for job in seeded._take_joining(hot, True, 1000, 8)] == ["d"]
 
 
 def test_seeded_sampled_requests_match_alone_when_batched(client, monkeypatch):
@@ -114,28 +117,25 @@ def test_batches_group_equal_sampling_that_fits_the_context(model):
     assert batches == [["a", "c"], ["b", "d"], ["e"], ["f"], ["g", "h"]]
 
 
-def test_unseeded_samples_adapt_and_seeded_ones_keep_their_widths(client, monkeypatch):
-    """A sampled request without a seed decodes adaptive trees on the sampled batches' own policy; a seeded one
-    leaves every policy alone (fixed widths), so that its seed reproduces its text."""
-    # The server draws an unseeded request's seed itself; fixed here, so that the sample cannot end at its first
-    # token (an end-of-sequence draw) before any step has run, as a random one did in one CI run.
-    monkeypatch.setattr(worker_module.secrets, "randbits", lambda bits: 12345)
-    worker = client.app.state.worker
-    before = (worker.policy.steps, worker.sampled_policy.steps)
-    seeded = text_body("Seeded", temperature=0.9, seed=5, max_tokens=10)
-    first = client.post(TEXT, json=seeded).json()["choices"][0]["text"]
-    assert (worker.policy.steps, worker.sampled_policy.steps) == before, "a seeded sample must not adapt"
-    assert client.post(TEXT, json=seeded).json()["choices"][0]["text"] == first
-    assert client.post(TEXT, json=text_body("Free", temperature=0.9, max_tokens=10)).status_code == 200
-    assert worker.sampled_policy.steps > before[1] and worker.policy.steps == before[0], \
-        "an unseeded sample adapts, on the sampled batches' policy"
+def test_the_same_request_gives_the_same_text_every_time_streamed_or_not(client, monkeypatch):
+    """Widths follow each request's own acceptance and the cost model measured once, never earlier requests or
+    the clock: a request repeated gives the same text, and a streamed answer the non-streamed one."""
+    monkeypatch.setattr(worker_module.secrets, "randbits", lambda bits: 12345)  # the unseeded request's seed
+    for body in (text_body("Again and again", max_tokens=16), text_body("Seeded", temperature=0.9, seed=5,
+                                                                         max_tokens=10),
+                 text_body("Free", temperature=0.9, max_tokens=10)):
+        texts = [client.post(TEXT, json=body).json()["choices"][0]["text"] for _ in range(3)]
+        assert len(set(texts)) == 1, f"one request, several texts: {texts}"
+    whole = client.post(CHAT, json=chat_body()).json()["choices"][0]["message"]["content"]
+    streamed = streamed_text(sse_payloads(client.post(CHAT, json=chat_body(stream=True))), chat=True)
+    assert streamed == whole, "a streamed answer differs from the same request answered whole"
 
 
 def test_worker_failure_is_a_500_with_id_and_the_server_keeps_serving(client, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("injected decode failure")
 
-    monkeypatch.setattr(worker_module, "stream", broken)
+    monkeypatch.setattr(decoder_module, "stream", broken)
     response = client.post(CHAT, json=chat_body())
     assert response.status_code == 500
     error = response.json()["error"]
@@ -148,14 +148,14 @@ def test_worker_failure_is_a_500_with_id_and_the_server_keeps_serving(client, mo
 
 
 def test_failure_after_the_first_chunk_ends_the_stream_with_an_error_event(client, monkeypatch):
-    real = worker_module.stream
+    real = decoder_module.stream
 
     def fails_later(*args, **kwargs):
         events = real(*args, **kwargs)
         yield next(events)
         raise RuntimeError("injected late failure")
 
-    monkeypatch.setattr(worker_module, "stream", fails_later)
+    monkeypatch.setattr(decoder_module, "stream", fails_later)
     payloads = sse_payloads(client.post(CHAT, json=chat_body(stream=True)))
     assert "injected late failure" in payloads[-1]["error"]["message"]
     monkeypatch.undo()
@@ -165,17 +165,17 @@ def test_failure_after_the_first_chunk_ends_the_stream_with_an_error_event(clien
 def test_cancelled_row_stops_its_batch(model, monkeypatch):
     """A reader that leaves cancels its row; a batch whose rows are all cancelled stops decoding."""
     target, draft = model
-    committed, real = [], worker_module.stream
+    committed, real = [], decoder_module.stream
 
     def counting(*args, **kwargs):
         for event in real(*args, **kwargs):
             committed.append(len(event.tokens))
             yield event
 
-    monkeypatch.setattr(worker_module, "stream", counting)
+    monkeypatch.setattr(decoder_module, "stream", counting)
 
     async def scenario():
-        worker = Worker(target, draft, max_batch=4)
+        worker = Worker(Decoder(target, draft), max_batch=4)
         worker.start()
         try:
             job = worker.submit("r1", [5, 6, 7], 200, SamplingParams())

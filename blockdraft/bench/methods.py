@@ -7,10 +7,9 @@
 - `blockdraft-tree`: every step verifying a token tree of K nodes (decode/tree.py): the same verify width, spent
   on the draft's likeliest alternatives instead of one guess per slot.
 - `blockdraft-adaptive`: token trees of adaptive width (policy.py: 1 to 2K nodes, down to plain steps when
-  drafts miss), one policy for the whole run, as the server keeps one: step times and acceptance learnt on one
-  prompt carry over to the next instead of being measured again for each.
+  drafts miss), priced by the step costs measured once (costs.py).
 - `blockdraft-lookup`: adaptive trees with each row's prompt-lookup continuation grafted on as one more path
-  when it pays (decode/lookup.py); one lookup kept across prompts, like the policy.
+  when it pays (decode/lookup.py): the default mode.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 
@@ -30,10 +29,8 @@ from pathlib import Path
 
 import torch
 
-from ..decode.generate import generate
-from ..decode.lookup import PromptLookup
-from ..decode.policy import make_policy
-from ..decode.selection import Selector
+from ..decode.decoder import Decoder
+from ..decode.options import PRESETS, DecodeOptions
 from ..errors import InputError
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
@@ -71,29 +68,25 @@ class Sampled:
 
 
 class OursMethod:
-    """Our decode loop; `draft=None` is the target-only baseline."""
+    """Our decoder with `options` (a preset, decode/options.py); `draft=None` is the target-only baseline. Every
+    call decodes with fresh width policies, as a server request does: a prompt's widths follow its own
+    acceptance and the cost model measured once, not what earlier prompts did."""
 
-    def __init__(self, name: str, target: Target, draft: DFlashDraftModel | None, block_size: int | None,
-                 stop_token_ids: list[int], adaptive: bool = False, lookup: bool = False,
-                 tree: bool = False, sampling: SamplingParams | None = None, coupled: bool = False) -> None:
-        self.name, self.target, self.draft = name, target, draft
+    def __init__(self, name: str, target: Target, draft, options: DecodeOptions, stop_token_ids: list[int],
+                 sampling: SamplingParams | None = None) -> None:
+        self.name = name
         self.seeds = Sampled(sampling)
-        self.coupled = coupled  # call c of every method is seeded alike: coupled samples are then the same
-        self.block_size = block_size if draft is not None else None
+        self.decoder = Decoder(target, draft, options)
         self.stop_token_ids = stop_token_ids
-        speculative = draft is not None and block_size is not None and block_size > 1
-        self.tree = tree and speculative
-        self.policy = make_policy(block_size, True, self.tree) if adaptive and speculative else False
-        self.lookup = PromptLookup(block_size) if lookup and speculative else False
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
-        seed = self.seeds.next_seed()
-        selector = None if seed is None else Selector(replace(self.seeds.sampling, seed=seed), len(prompts),
-                                                      coupled=self.coupled)
-        results = generate(self.target, self.draft, prompts, max_new_tokens=max_new_tokens,
-                           block_size=self.block_size, stop_token_ids=self.stop_token_ids, selector=selector,
-                           adaptive=self.policy, lookup=self.lookup, tree=self.tree)
-        return [Decoded(r.tokens, r.stats if self.draft is not None else None) for r in results]
+        seed = self.seeds.next_seed()  # call c of every method is seeded alike: coupled samples are then the same
+        options = self.decoder.options
+        if seed is not None:
+            options = replace(options, sampling=replace(self.seeds.sampling, seed=seed))
+        results = self.decoder.generate(prompts, max_new_tokens=max_new_tokens, options=options,
+                                        stop_token_ids=self.stop_token_ids)
+        return [Decoded(r.tokens, r.stats if self.decoder.speculative else None) for r in results]
 
 
 class HFMethod:
@@ -188,15 +181,20 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
     skipped. With `sampling` (temperature > 0) every method samples, ours coupled when `coupled`; the reference
     runtime is then left out."""
     s = dict(sampling=sampling)
-    ours = dict(sampling=sampling, coupled=coupled)
+    sampler = "coupled" if coupled else "rejection"
+
+    def ours(name: str, preset: str | None):
+        options = replace(PRESETS[preset or "chain"], block_size=block_size, sampler=sampler)
+        return OursMethod(name, target, draft if preset else None, options, stop_token_ids, sampling)
+
     methods = [
-        OursMethod(BASELINE, target, None, None, stop_token_ids, **ours),
+        ours(BASELINE, None),
         HFMethod(HF_GENERATE, target, stop_token_ids, **s),
         HFMethod(PROMPT_LOOKUP, target, stop_token_ids, prompt_lookup=PROMPT_LOOKUP_NUM_TOKENS, **s),
-        OursMethod(SPECULATIVE, target, draft, block_size, stop_token_ids, **ours),
-        OursMethod(TREE, target, draft, block_size, stop_token_ids, tree=True, **ours),
-        OursMethod(ADAPTIVE, target, draft, block_size, stop_token_ids, adaptive=True, tree=True, **ours),
-        OursMethod(LOOKUP, target, draft, block_size, stop_token_ids, adaptive=True, lookup=True, tree=True, **ours),
+        ours(SPECULATIVE, "chain"),
+        ours(TREE, "tree"),
+        ours(ADAPTIVE, "adaptive"),
+        ours(LOOKUP, "default"),
     ]
     methods = [m for m in methods if m.name in names]
     if REFERENCE not in names:

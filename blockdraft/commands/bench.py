@@ -130,7 +130,7 @@ def writable_folder(folder: Path) -> None:
 
 
 def _vocab_size(draft) -> int | None:
-    vocab = getattr(draft, "draft_vocab", None)
+    vocab = draft.vocab
     return None if vocab is None else int(vocab.numel())
 
 

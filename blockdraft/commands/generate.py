@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import sys
-import time
 from functools import reduce
 from pathlib import Path
 
@@ -13,8 +12,9 @@ import torch
 from rich.console import Console
 
 from ..api import encode, load_draft
-from ..decode.generate import stream
-from ..decode.selection import SAMPLERS, Selector, is_coupled
+from ..decode.decoder import Decoder
+from ..decode.options import resolve
+from ..decode.selection import SAMPLERS, is_coupled
 from ..decode.ties import Split, first_split, is_rounding
 from ..errors import InputError
 from ..hardware import describe_line
@@ -40,13 +40,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
     parser.add_argument("--adaptive", choices=("auto", "on", "off"), default="auto",
-                        help="verify per step the number of proposals that pays best, down to none (same output, "
-                             "never much slower than the target alone); auto: on unless sampling with --seed (so "
-                             "that a seed reproduces its text)")
+                        help="verify per step the number of proposals that pays best, down to none, priced by step "
+                             "costs measured once and cached (same output, the same every run); auto: on")
     parser.add_argument("--lookup", choices=("auto", "on", "off"), default="auto",
                         help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
                              "lookup): grafted onto the token tree, or instead of the draft's block without trees, "
-                             "when it pays (same output); auto: on when --adaptive is")
+                             "when it pays (same output); auto: on")
     parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
                         help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
                              "forward (same output; sampling stays exact); auto: on")
@@ -69,72 +68,74 @@ def run(args) -> int:
     prompts = _read_prompts(args, DEFAULT_PROMPT)
     sampling = _sampling(args)  # bad values fail here, before minutes of loading
     window = context_window(args)
+    options = resolve(None, block_size=args.block_size, tree=_switch(args.tree), adaptive=_switch(args.adaptive),
+                      lookup=_switch(args.lookup), sampling=sampling,
+                      # A seed drawn here samples as an unseeded request does: by rejection (the line printed
+                      # below says how to draw the same text again).
+                      sampler="rejection" if args.seed is None and args.sampler == "auto" else args.sampler,
+                      draft_argmax=args.draft_argmax, window=window)
     dtype = parse_dtype(args.dtype, args.device)
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=dtype, device=args.device)
-        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab,
-                                                          context_window=window)
-    if draft is not None and not getattr(draft, "trained", True):
+        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab)
+    if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
     ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
-    block = args.block_size if args.block_size is not None else (
-        draft.config.block_size if draft is not None else None)
     hardware = describe_line(args.device, dtype)
-    adaptive, lookup, tree = decode_modes(args.adaptive, args.lookup, args.tree, sampling.greedy,
-                                          seeded=args.seed is not None)
-    coupled = is_coupled(args.sampler, sampling.greedy, seeded=args.seed is not None)
-    decode = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, draft_argmax=args.draft_argmax,
-                  adaptive=adaptive, lookup=lookup, tree=tree, coupled=coupled)
+    spec = Decoder(target, draft, options)
+    block = spec.block_size() if draft is not None else None
     single = len(ids) == 1
     if not sampling.greedy:
         rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
-        how = ", coupled (the seed's target-alone sample)" if coupled else ", rejection"
-        timing = "; widths adapt to timing, so pass --seed to reproduce a text" if adaptive and not coupled else ""
-        print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}{how}{timing}")
+        how = "coupled (the seed's target-alone sample)" if options.coupled else "rejection"
+        again = f"; rerun with --seed {sampling.seed} --sampler rejection to draw it again" if args.seed is None else ""
+        print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}, {how}{again}")
     if args.compare:
-        _warm_up(target, draft, ids, block, tree)
-        base_tokens, _, base = _run(target, None, ids, None, **decode)
-        spec_tokens, spec_rows, spec = _run(target, draft, ids, block, echo=single, **decode)
+        base_decoder = Decoder(target, None, options)
+        for decoder in (base_decoder, spec):  # neither timed run pays first-call costs (or measures step costs)
+            decoder.generate(ids, max_new_tokens=4)
+        base_tokens, _, base = _run(base_decoder, ids, args.max_new_tokens)
+        spec_tokens, spec_rows, spec_stats = _run(spec, ids, args.max_new_tokens, echo=single)
         if not single:
             _print_rows(target, prompts, spec_tokens, spec_rows, block)
         print(_summary("target alone", base, None, hardware, len(ids)))
-        print(_summary("speculative", spec, block, hardware, len(ids)))
-        ratio = spec.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
+        print(_summary("speculative", spec_stats, block, hardware, len(ids)))
+        ratio = spec_stats.tokens_per_second / base.tokens_per_second if base.tokens_per_second else float("nan")
         exact = dtype == torch.float32
         bug = False
-        if not sampling.greedy and not coupled:  # exact samples of different draws: only their laws agree
+        if not sampling.greedy and not options.coupled:  # exact samples of different draws: only their laws agree
             same = "not compared: sampled by rejection; --seed or --sampler coupled draws the same sample"
         elif spec_tokens == base_tokens:
             same = "identical"
         else:
-            split = _split(target, ids, base_tokens, spec_tokens, sampling, coupled)
+            split = _split(spec, ids, base_tokens, spec_tokens)
             bug = split is None or (exact and not is_rounding(split, dtype))
             same = _describe_split(split, dtype, bug)
-        modes = (", adaptive" if adaptive else "") + (", lookup" if lookup else "") + (", tree" if tree else "")
-        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}{modes}, "
-              f"{spec.new_tokens} new tokens, {hardware})")
+        print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}, {options.describe()}, "
+              f"{spec_stats.new_tokens} new tokens, {hardware})")
         return 1 if bug else 0
-    tokens, rows, stats = _run(target, draft, ids, block, echo=single, **decode)
+    tokens, rows, stats = _run(spec, ids, args.max_new_tokens, echo=single)
     if not single:
-        _print_rows(target, prompts, tokens, rows, block if draft is not None else None)
+        _print_rows(target, prompts, tokens, rows, block)
     print(_summary("target alone" if draft is None else "speculative", stats, block, hardware, len(ids)))
     return 0
 
 
-def _split(target, ids, base_tokens, spec_tokens, sampling: SamplingParams, coupled: bool) -> Split | None:
+def _split(decoder: Decoder, ids, base_tokens, spec_tokens) -> Split | None:
     """Where the runs first differ and the target's margin there (decode/ties.py), scored as the target picks."""
-    if sampling.greedy:
-        return first_split(target, ids, base_tokens, spec_tokens)
-    selector = Selector(sampling, num_rows=len(ids), coupled=coupled)  # the runs' own row seeds
+    options = decoder.options
+    if options.sampling.greedy:
+        return first_split(decoder.target, ids, base_tokens, spec_tokens)
+    selector = decoder.selector(len(ids), options)  # the runs' own row seeds
 
     def pick_scores(row: int, position: int, logits):
         where = torch.tensor([[position]], device=logits.device)
         return selector.pick_scores(logits[None, None], torch.tensor([row]), where)[0, 0]
 
-    return first_split(target, ids, base_tokens, spec_tokens, pick_scores)
+    return first_split(decoder.target, ids, base_tokens, spec_tokens, pick_scores)
 
 
 def _describe_split(split: Split | None, dtype, bug: bool) -> str:
@@ -199,57 +200,29 @@ def _describe(sampling: SamplingParams) -> str:
     return ", ".join(parts)
 
 
-def decode_modes(adaptive: str, lookup: str, tree: str, greedy: bool, seeded: bool) -> tuple[bool, bool, bool]:
-    """(adaptive, lookup, tree) from the flags' on/off/auto, for greedy decoding or sampling with or without a
-    `--seed` from the user.
-
-    auto: token trees always, adaptive widths (and lookups grafted on) whenever no seed has to reproduce a text:
-    greedy decoding, or sampling without `--seed`. Widths chosen from wall-clock times make a sampled text depend
-    on timing (still distributed exactly as the target's), so a seeded sample keeps one fixed tree of K nodes.
-    With the shipped draft at temperature 0.7 (8 HumanEval and 8 MT-Bench prompts, 96 tokens, bf16, 2-core EPYC,
-    median against the target alone sampling in the same process), the former default, a chain of K slots, ran
-    at 0.99x and 0.86x, a fixed tree at 1.35x and 0.98x, adaptive trees with lookups at 1.64x and 1.04x. A draft
-    whose q is close to p may accept more as a chain (rejection sampling takes p's whole overlap with q, a tree
-    of point masses only p's mass on its guesses): compare with `--tree off`."""
-    adapts = adaptive == "on" or (adaptive == "auto" and (greedy or not seeded))
-    return adapts, lookup == "on" or (lookup == "auto" and adapts), tree != "off"
+def _switch(flag: str) -> bool | None:
+    """on/off/auto -> True/False/None (auto: the default of DecodeOptions)."""
+    return {"on": True, "off": False}.get(flag)
 
 
-def _warm_up(target, draft, ids, block, tree: bool) -> None:
-    """One short run of each at the batch's shape so that neither timed run pays first-call allocation costs."""
-    for d in (None, draft):
-        for _ in stream(target, d, ids, max_new_tokens=4, block_size=block if d is not None else None, tree=tree):
-            pass
-
-
-def _run(target, draft, ids, block, *, max_new_tokens, sampling, draft_argmax, adaptive, lookup, tree,
-         coupled: bool = False, echo: bool = False):
+def _run(decoder: Decoder, ids, max_new_tokens: int, echo: bool = False):
     """Decode all prompts as one batch -> (tokens per row, stats per row, batch stats).
 
     The batch stats pool every row's tau and divide all new tokens by the one wall time: batch throughput.
     """
-    K = block or 1
-    stats = [AcceptanceStats(K) for _ in ids]
-    tokens: list[list[int]] = [[] for _ in ids]
-    text = TextStream(target.tokenizer) if echo else None
-    selector = Selector(sampling, num_rows=len(ids), draft_argmax=draft_argmax, coupled=coupled)
-    start = time.perf_counter()
-    for event in stream(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block, selector=selector,
-                        stats=stats, adaptive=adaptive, lookup=lookup, tree=tree):
-        tokens[event.row].extend(event.tokens)
-        if text is not None:
-            sys.stdout.write(text.push(event.tokens))
-            sys.stdout.flush()
-    if target.device.type == "cuda":
-        torch.cuda.synchronize(target.device)
-    seconds = time.perf_counter() - start
-    for s, t in zip(stats, tokens):
-        s.seconds, s.new_tokens = seconds, len(t)
+    text = TextStream(decoder.target.tokenizer) if echo else None
+
+    def show(row: int, tokens: list[int]) -> None:
+        sys.stdout.write(text.push(tokens))
+        sys.stdout.flush()
+
+    results = decoder.generate(ids, max_new_tokens=max_new_tokens, on_tokens=show if echo else None)
     if text is not None:
         sys.stdout.write(text.flush() + "\n")
+    stats = [r.stats for r in results]
     batch = reduce(AcceptanceStats.merge, stats)
-    batch.seconds = seconds  # merge adds the rows' times, but the rows ran together
-    return tokens, stats, batch
+    batch.seconds = stats[0].seconds  # merge adds the rows' times, but the rows ran together
+    return [r.tokens for r in results], stats, batch
 
 
 def _print_rows(target, prompts, tokens, stats, block) -> None:

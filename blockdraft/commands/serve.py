@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from rich.console import Console
 
+from ..decode.options import PRESETS, DecodeOptions
 from ..errors import ConfigError, InputError
 from .common import add_model_arguments, context_window
 
@@ -47,13 +49,13 @@ def run(args) -> int:
                       "address can use the model[/yellow]")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=args.dtype, device=args.device)
-        draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab,
-                                                     context_window=window)
-    if draft is not None and not getattr(draft, "trained", True):
+        draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab)
+    if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
     app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
-                     max_tokens_limit=args.max_tokens_limit, adaptive=not args.fixed_block)
+                     max_tokens_limit=args.max_tokens_limit,
+                     options=replace(PRESETS["chain"] if args.fixed_block else DecodeOptions(), window=window))
     mode = "target alone" if draft is None else f"speculative, K={draft.config.block_size}"
     console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1")
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

@@ -42,7 +42,10 @@ class Decoder:
         options = options or self.options
         if self.draft is None:
             return 1
-        return options.block_size if options.block_size is not None else self.draft.config.block_size
+        if options.block_size is not None:
+            return options.block_size
+        # A Drafter-like object (a test double) carries its own block size.
+        return self.draft.config.block_size if isinstance(self.draft, LoadedDraft) else self.draft.block_size
 
     def drafter(self, options: DecodeOptions):
         """The draft's runner at the options' block size and window (None for the target alone)."""

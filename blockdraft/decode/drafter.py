@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import KVCache
+from ..errors import InputError
 from ..io.drafts import LoadedDraft
 from ..model.draft import DFlashDraftModel
 from ..model.packed import head_linear
@@ -40,6 +41,9 @@ class Drafter:
         self.cache: KVCache | None = None
         # Bounded context (window.py): by default the loaded draft's; None keeps every position.
         self.window = draft.window if window is None else window
+        if self.window is not None and not isinstance(self.window, ContextWindow):
+            raise InputError(f"the draft's context window must be a ContextWindow(window, sinks) or None, got "
+                             f"{self.window!r}")
         self.seen: torch.Tensor | None = None  # [B] context positions fed in so far (the cache keeps some of them)
         # The proposal vocabulary (vocab.py): ids [N] the draft may propose, None for all of them. Each request
         # adds its prompts' ids. The target keeps the head over it by the ids' storage (row_head): load_draft puts

@@ -27,7 +27,9 @@ from starlette.exceptions import HTTPException
 
 from ..api import encode
 from ..errors import ConfigError, InputError
-from ..train.data import encode_prompt
+from ..decode.decoder import Decoder
+from ..decode.options import DecodeOptions
+from ..io.prompts import encode_prompt
 from .prometheus import ServerMetrics
 from .responses import Answer
 from .schema import ApiError, ChatCompletionRequest, CompletionFields, CompletionRequest, Reply, Usage
@@ -37,14 +39,15 @@ PYTHON_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-aft
 
 
 def create_app(target, draft, *, model_id: str | None = None, api_key: str | None = None, max_batch: int = 8,
-               max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20, adaptive: bool = True) -> FastAPI:
+               max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20,
+               options: DecodeOptions | None = None) -> FastAPI:
     """The server app for one target (and draft, or None for the target alone); the worker runs in its lifespan.
 
-    `adaptive` lets greedy batches verify the number of proposals that pays best (sampled batches always
-    verify the full block, so that a request's seed reproduces its text).
+    `options` is how every request decodes (decode/options.py; None: the defaults, adaptive token trees with
+    lookups grafted on); each request brings its own sampling parameters.
     """
-    service = Service(target, draft, model_id=model_id, api_key=api_key, max_batch=max_batch,
-                      max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes, adaptive=adaptive)
+    service = Service(Decoder(target, draft, options), model_id=model_id, api_key=api_key, max_batch=max_batch,
+                      max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -70,8 +73,9 @@ def create_app(target, draft, *, model_id: str | None = None, api_key: str | Non
 class Service:
     """The route handlers, over one target, its worker and the server's limits."""
 
-    def __init__(self, target, draft, *, model_id, api_key, max_batch, max_tokens_limit, max_body_bytes,
-                 adaptive=True) -> None:
+    def __init__(self, decoder: Decoder, *, model_id, api_key, max_batch, max_tokens_limit,
+                 max_body_bytes) -> None:
+        target = decoder.target
         if target.tokenizer is None:
             raise ConfigError("the server needs the target's tokenizer to read prompts and write text, and the "
                               "target has none; load it with blockdraft.load_target, which loads both")
@@ -83,7 +87,7 @@ class Service:
         self.api_key = api_key
         self.max_tokens_limit = max_tokens_limit
         self.max_body_bytes = max_body_bytes
-        self.worker = Worker(target, draft, max_batch=max_batch, adaptive=adaptive)
+        self.worker = Worker(decoder, max_batch=max_batch)
         self.started = int(time.time())
 
     async def authorize(self, request: Request) -> None:
@@ -130,7 +134,7 @@ class Service:
     async def health(self):
         worker = self.worker
         state = {"status": "ok" if worker.alive else "worker stopped", "model": self.model_id,
-                 "speculative": worker.drafter is not None, "block_size": worker.block_size,
+                 "speculative": worker.decoder.speculative, "block_size": worker.block_size,
                  "queue_depth": worker.queue_depth}
         return JSONResponse(state, status_code=200 if worker.alive else 503)
 

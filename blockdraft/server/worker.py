@@ -4,10 +4,8 @@ Batching. The worker waits for a request, then takes every queued request that c
 `max_batch`, and decodes them with one `stream(...)` call. Requests share a batch when
 - their sampling parameters are equal, seed aside: one `Selector` (one SamplingParams) serves the whole batch,
   and each row gets its own seed, so a seeded request draws the same numbers alone or batched;
-- either all of them may adapt their widths or none: greedy requests and sampled requests without a seed
-  decode adaptive token trees with lookups grafted on (nothing to reproduce: a greedy text is the target's
-  whatever the widths, an unseeded sample is a fresh draw), while seeded sampled requests keep one fixed tree
-  of K nodes, so that a seed reproduces its text (widths chosen from wall-clock times would change it);
+- they sample the same way: a seeded sample is coupled (the target-alone sample of its seed), an unseeded one
+  drawn by rejection with a random seed;
 - the batch fits the context: the longest prompt plus the largest `max_tokens` must fit `target.max_positions`
   (the caches are sized for it). Each row decodes its own `max_tokens` and then leaves the batch.
 Requests that arrive while a batch runs join it as its rows finish (continuous batching: `stream(admit=)`), in
@@ -34,10 +32,8 @@ from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, replace
 
-from ..decode.generate import Admission, as_drafter, stream
-from ..decode.lookup import PromptLookup
-from ..decode.policy import make_policy
-from ..decode.selection import Selector, is_coupled
+from ..decode.decoder import Decoder
+from ..decode.generate import Admission
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
 from .prometheus import ServerMetrics
@@ -69,7 +65,7 @@ class Job:
         # Greedy ignores every filter, so all greedy requests share one key; sampled ones group without the seed.
         self.group = SamplingParams() if sampling.greedy else replace(sampling, seed=None)
         self.seed = None if sampling.greedy else (sampling.seed if sampling.seed is not None else secrets.randbits(63))
-        self.adapts = sampling.greedy or sampling.seed is None  # whether its widths may follow timing (see above)
+        self.coupled = not sampling.greedy and sampling.seed is not None  # the sampler "auto" picks (see above)
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.sent = 0  # tokens sent so far (worker thread only)
@@ -110,20 +106,16 @@ class Job:
 
 
 class Worker:
-    def __init__(self, target, draft, *, max_batch: int, adaptive: bool = True) -> None:
-        self.target = target
-        self.drafter = as_drafter(target, draft, None)  # built once, restarted by every `stream` call
-        self.block_size = self.drafter.block_size if self.drafter is not None else 1
+    def __init__(self, decoder: Decoder, *, max_batch: int) -> None:
+        self.decoder = decoder
+        self.target = decoder.target
+        self.block_size = decoder.block_size()
         self.max_batch = max_batch
-        # Adaptive token trees for the batches that may adapt (`Job.adapts`). One policy for the server's life:
-        # what it has learnt of acceptance and step times carries over from batch to batch, so short requests do
-        # not each pay for timing every width again. Sampled batches have their own (sampling accepts less than
-        # greedy decoding from the same draft), and so do their prompt lookups.
-        adapts = adaptive and self.drafter is not None and self.block_size > 1
-        self.policy = make_policy(self.block_size, True, tree=True) if adapts else None
-        self.lookup = PromptLookup(self.block_size) if adapts else None
-        self.sampled_policy = make_policy(self.block_size, True, tree=True) if adapts else None
-        self.sampled_lookup = PromptLookup(self.block_size) if adapts else None
+        # Every batch decodes with the decoder's options (adaptive token trees with lookups grafted on, unless the
+        # server was started otherwise) and fresh width policies: a request's widths follow its own acceptance
+        # and the cost model measured here once, never what earlier requests did, so the same request gives the
+        # same tokens every time (docs/design.md §14).
+        decoder.costs(max_batch)
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
         self._pending: deque[Job] = deque()
         self._ready = threading.Condition()
@@ -183,21 +175,21 @@ class Worker:
                 if len(batch) == self.max_batch:
                     break
                 fits = max(longest, len(job.prompt)) + max(budget, job.max_tokens) <= self.target.max_positions
-                if job.group == batch[0].group and job.adapts == batch[0].adapts and fits and not job.cancelled:
+                if job.group == batch[0].group and job.coupled == batch[0].coupled and fits and not job.cancelled:
                     batch.append(job)
                     self._pending.remove(job)
                     longest, budget = max(longest, len(job.prompt)), max(budget, job.max_tokens)
             return batch
 
-    def _take_joining(self, group: SamplingParams, adapts: bool, room: int, free: int) -> list[Job]:
+    def _take_joining(self, group: SamplingParams, coupled: bool, room: int, free: int) -> list[Job]:
         """Queued requests that join the running batch now: in arrival order, up to `free`, stopping at the first
-        one that cannot join (another group or width mode, or over `room` positions), which then leads the next
+        one that cannot join (another group or sampler, or over `room` positions), which then leads the next
         batch."""
         joining = []
         with self._ready:
             while self._pending and len(joining) < free and not self._stopping:
                 job = self._pending[0]
-                other = job.group != group or job.adapts != adapts
+                other = job.group != group or job.coupled != coupled
                 if not job.cancelled and (other or len(job.prompt) + job.max_tokens > room):
                     break
                 self._pending.popleft()
@@ -220,27 +212,22 @@ class Worker:
             self.metrics.add_batch(len(batch), pooled)
 
     def _decode(self, batch: list[Job], stats: list[AcceptanceStats]) -> None:
-        group, adapts = batch[0].group, batch[0].adapts
+        group, coupled = batch[0].group, batch[0].coupled
         # A user's seed samples coupled (sampling/gumbel.py): the request gets the target-alone sample of its seed,
-        # whatever it is batched with; unseeded samples draw by rejection, at widths that adapt.
-        selector = Selector(group, len(batch), seeds=None if group.greedy else [job.seed for job in batch],
-                            coupled=is_coupled("auto", group.greedy, seeded=not adapts))
-        policy, lookup = (self.policy, self.lookup) if group.greedy else (self.sampled_policy, self.sampled_lookup)
+        # whatever it is batched with; an unseeded sample draws by rejection from its own random seed.
+        options = replace(self.decoder.options, sampling=group, sampler="coupled" if coupled else "rejection")
 
         def admit(room: int) -> list[Admission]:  # queued requests joining as rows free up; `batch` grows
             live = sum(not (job.done or job.cancelled) for job in batch)
-            joining = self._take_joining(group, adapts, room, self.max_batch - live)
+            joining = self._take_joining(group, coupled, room, self.max_batch - live)
             batch.extend(joining)
             return [Admission(job.prompt, job.max_tokens, job.seed) for job in joining]
 
         # Each row has its own budget, and a row whose client went away stops costing compute at once.
-        events = stream(self.target, self.drafter, [job.prompt for job in batch],
-                        max_new_tokens=[job.max_tokens for job in batch], selector=selector, stats=stats,
-                        adaptive=policy if policy is not None and adapts else False,
-                        lookup=lookup if lookup is not None and adapts else False,
-                        tree=policy is not None,
-                        drop=lambda: [i for i, job in enumerate(batch) if job.cancelled],
-                        admit=admit, room=JOIN_ROOM)
+        events = self.decoder.stream([job.prompt for job in batch], max_new_tokens=[job.max_tokens for job in batch],
+                                     options=options, seeds=None if group.greedy else [job.seed for job in batch],
+                                     stats=stats, drop=lambda: [i for i, job in enumerate(batch) if job.cancelled],
+                                     admit=admit, room=JOIN_ROOM, max_rows=self.max_batch)
         with closing(events):  # leaving early (every row done or cancelled) ends the decode there
             for event in events:
                 batch[event.row].deliver(event.tokens, event.finish_reason)

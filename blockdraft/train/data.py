@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..io.prompts import encode_prompt
 
 SCHEMA = ("id", "input_ids", "loss_mask")
 
@@ -24,14 +25,6 @@ class Example:
     id: str
     input_ids: list[int]
     loss_mask: list[int]
-
-
-def encode_prompt(tokenizer, messages) -> list[int]:
-    """Chat-template the messages, ready for the assistant's turn."""
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, seed: int):

@@ -10,12 +10,13 @@ Shapes: A anchors, K block size.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from ..decode.generate import generate
+from ..decode.decoder import Decoder
+from ..decode.options import PRESETS
 from ..metrics import AcceptanceStats
 from .data import Example
 from .forward import BlockForward, autocast, split_teacher, target_features
@@ -112,11 +113,12 @@ def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tok
     Prompts run `batch_size` at a time. `seconds` is the total wall time; `new_tokens` counts returned tokens.
     """
     K = block_size or draft.config.block_size
+    decoder = Decoder(target, draft, replace(PRESETS["tree" if tree else "chain"], block_size=K))
     stats = AcceptanceStats(K)
     start = time.perf_counter()
     for first in range(0, len(prompt_ids_list), batch_size):
         chunk = prompt_ids_list[first : first + batch_size]
-        for result in generate(target, draft, chunk, max_new_tokens=max_new_tokens, block_size=K, tree=tree):
+        for result in decoder.generate(chunk, max_new_tokens=max_new_tokens):
             stats = stats.merge(result.stats)
         if on_batch is not None:
             on_batch(len(chunk))  # progress: prompts done

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..decode.generate import generate
+from ..decode.decoder import Decoder
 from ..prompts import training_prompts
 from ..errors import InputError
 from .data import make_example, read_examples, select_prompts, write_atomically, write_shard
@@ -44,7 +44,7 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
         task = progress.add_task("data", total=len(chosen), tok=0)
         for start in range(0, len(chosen), batch_size):
             batch = chosen[start: start + batch_size]
-            results = generate(target, None, [ids for _, ids in batch], max_new_tokens=max_new_tokens)
+            results = Decoder(target, None).generate([ids for _, ids in batch], max_new_tokens=max_new_tokens)
             for (example_id, ids), result in zip(batch, results):
                 if not result.tokens or (result.finish_reason == "stop" and len(result.tokens) == 1):
                     empty_ids.add(example_id)  # nothing but the stop token: no block to learn from
