@@ -8,8 +8,8 @@ draft's ordinary length mask serves unchanged. One more slot, past them, takes w
 
 Each context position's keys and values depend on that position alone (its features, projected and rotated at
 its absolute position), so dropping one only hides it from the block's attention; nothing else changes. Output
-stays exact (the target verifies every token); acceptance is what a narrower view costs, measured in README.md
-(Bounded draft memory).
+stays exact (the target verifies every token); acceptance is what a narrower view costs, measured in docs/history.md
+(bounded draft memory).
 
 Shapes: B rows, P appended positions.
 """
