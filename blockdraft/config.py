@@ -3,9 +3,9 @@
 `DraftConfig.from_dict` reads both published `config.json` layouts and `to_dict` writes the one blockdraft
 publishes (docs/format.md §4-5). Every check fails closed (docs/format.md §6): all problems are collected and raised
 as one `ConfigError` whose lines name the field, the value found and the fix. Checks against a target
-(layer count, width, vocabulary, mask token, RoPE, fingerprints) live in `blockdraft.io.validate` and are
+(layer count, width, vocabulary, mask token, RoPE, fingerprints) live in `blockdraft.checks` and are
 re-exported here; reading config.json's two layouts and the per-field checks live in
-`blockdraft.io.config_fields`.
+`blockdraft.config_fields`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from itertools import pairwise
 from typing import Any
 
 from .errors import ConfigError
-from .io.config_fields import (
+from .config_fields import (
     ARCHITECTURE,
     EXTRA_FIELDS,
     config_problems,
     read_fields,
     variant_problems,
 )
-from .io.validate import (
+from .checks import (
     check_against_target,
     choose_mask_token_id,
     is_int,

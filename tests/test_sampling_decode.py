@@ -250,7 +250,7 @@ def test_tree_sampling_at_changing_node_counts_matches_target_distribution(small
 def final_draw_from_p(p, tokens, parents, generator=None):
     """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
     rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
-    from blockdraft.decode.tree import deepest_node
+    from blockdraft.sampling.tree import deepest_node
     from blockdraft.sampling import sample
     from blockdraft.sampling.tree import tree_sample
 

@@ -80,7 +80,8 @@ def test_a_wide_trees_first_w_nodes_accept_as_the_tree_of_w_nodes_does():
     under sampling that holds in distribution, since each node tries its children in tree order and a narrower
     tree holds a prefix of them. Mean accepted depths of the two agree for every w; reading the whole wide tree
     instead (a wrong estimate) does not."""
-    from blockdraft.decode.tree import Tree, accepted_depth
+    from blockdraft.decode.tree import Tree
+    from blockdraft.sampling.tree import accepted_depth
 
     # Anchor 0; depth 1: nodes 1, 2, 4 (guesses 2, 0, 3); node 3 (guess 4) under node 1; node 5 (guess 1) under 3.
     tokens = torch.tensor([[9, 2, 0, 4, 3, 1]])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,10 +68,18 @@ def test_a_label_outside_the_vocabulary_is_refused():
 
 
 def test_training_over_the_proposal_vocabulary(tmp_path):
+    """With `proposal_vocab` the loss competes only over the ids the decoder drafts from (the data's response ids),
+    so the same first step of the same draft scores a lower CE than over the whole vocabulary; the vocabulary
+    written beside the draft is those ids."""
     write_data(tmp_path / "data", count=8)
-    out = train(tiny_target("llama"), config(tmp_path, proposal_vocab=True, max_steps=2, log_every=1,
-                                             val_fraction=0.25, eval_every=2))
-    assert (out / "model.safetensors").exists() and (out / "blockdraft_vocab.json").exists()
+    first_loss = {}
+    for on in (False, True):
+        out = train(tiny_target("llama"), config(tmp_path, f"vocab-{on}", proposal_vocab=on, max_steps=1,
+                                                 log_every=1))
+        records = [json.loads(line) for line in open(tmp_path / f"vocab-{on}" / "metrics.jsonl")]
+        first_loss[on] = next(r["loss"] for r in records if r.get("split") == "train" and r.get("loss") is not None)
+        assert sorted(read_vocab(out, VOCAB).tolist()) == [2, 60, 61, 62, 63, 64], "the data's response ids"
+    assert first_loss[True] < first_loss[False], f"the head still scored every id: {first_loss}"
 
 
 def test_a_continued_draft_keeps_its_starting_drafts_vocabulary(tmp_path):

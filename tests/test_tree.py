@@ -10,10 +10,8 @@ from blockdraft.io.drafts import LoadedDraft
 from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
 from blockdraft.decode.policy import TreeWidth, make_policy
-from blockdraft.decode.tree import (
-    TOP_K, Tree, accept_path, accepted_depth, accepted_nodes, ancestors, build_grafted_tree, build_tree, deepest_node,
-    max_nodes, top_candidates,
-)
+from blockdraft.decode.tree import TOP_K, Tree, ancestors, build_grafted_tree, build_tree, max_nodes, top_candidates
+from blockdraft.sampling.tree import accept_path, accepted_depth, accepted_nodes, deepest_node
 from blockdraft.sampling import greedy_step
 
 from conftest import COSTS, VOCAB, ScriptedDrafter, tiny_draft, tiny_target

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import InputError
 from ..io.drafts import LoadedDraft
-from ..io.validate import check_against_target
+from ..checks import check_against_target
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target

@@ -17,7 +17,8 @@ from .lookup import PromptLookup
 from .policy import TreeWidth, WidthPolicy
 from .selection import Selector
 from .state import DecodeState
-from .tree import TOP_K, Tree, accepted_depth, build_grafted_tree, max_nodes
+from ..sampling.tree import accepted_depth
+from .tree import TOP_K, Tree, build_grafted_tree, max_nodes
 
 
 @dataclass

@@ -22,8 +22,8 @@ import torch
 from ..errors import InputError
 from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
 from ..sampling.gumbel import gumbel_noise, perturbed_scores
-from ..sampling.tree import tree_sample
-from .tree import Tree, accepted_nodes, deepest_node
+from ..sampling.tree import accepted_nodes, deepest_node, tree_sample
+from .tree import Tree
 
 # Coupled sampling ranks a tree's candidates by softmax((log q + RANK_NOISE * g) / RANK_TEMPERATURE): the draft's
 # guess of how likely each token is to be the target's pick, argmax(log p + g). Trusting q fully with the whole

@@ -14,7 +14,8 @@ from ..model.target import Target
 from .proposers import Proposal
 from .selection import Selector
 from .state import DecodeState
-from .tree import accept_path, ancestors
+from ..sampling.tree import accept_path
+from .tree import ancestors
 
 
 def prefill(state: DecodeState, target: Target, proposer, selector: Selector):

@@ -7,11 +7,10 @@ runners-up. A tree spends the verify width on the likeliest of them. Terms:
   is a node at depth d-1. Siblings hold different tokens.
 - the target verifies all N nodes in one forward: node i sits at position s + depth_i and in cache slot
   s + i, and attends to the committed context and to its own ancestors only (`ancestors`).
-- greedy: a node is accepted when its token is the target's argmax at its parent and its parent is accepted.
-  The accepted nodes form one path from the anchor; its deepest node's argmax is the bonus token. Every kept
-  token is one the target would have produced itself, so greedy output stays the target's own.
-- sampling: the children of a node are tried in turn as point-mass proposals (sampling/tree.py), which keeps
-  the output distributed exactly as the target's own sampling.
+- acceptance (sampling/tree.py): greedy, a node is accepted when its token is the target's argmax at its
+  parent and its parent is accepted, so the accepted nodes form one path from the anchor and every kept token
+  is one the target would have produced itself; sampling, the children of a node are tried in turn as
+  point-mass proposals, which keeps the output distributed exactly as the target's own sampling.
 
 Nodes are chosen best-first by the draft's path probability, the product of q_d(token) over the path (q_d:
 the draft's distribution for slot d; DFlash drafts all slots in parallel, so q_d does not depend on the
@@ -162,46 +161,3 @@ def ancestors(parents: torch.Tensor) -> torch.Tensor:
     for i in range(1, N):  # parents come first, so their rows are complete
         out[:, i] |= out[rows, parents[:, i]]
     return out
-
-
-def accepted_nodes(tree: Tree, target_tokens: torch.Tensor) -> torch.Tensor:
-    """[B, N] bool: the nodes on the accepted path, given the target's argmax at every node [B, N]."""
-    B, N = tree.tokens.shape
-    ok = torch.zeros(B, N, dtype=torch.bool, device=tree.tokens.device)
-    ok[:, 0] = True
-    rows = torch.arange(B, device=ok.device)
-    for i in range(1, N):
-        parent = tree.parents[:, i]
-        ok[:, i] = ok[rows, parent] & (tree.tokens[:, i] == target_tokens[rows, parent])
-    return ok
-
-
-def accepted_depth(tree: Tree, ok: torch.Tensor, width: int | None = None) -> torch.Tensor:
-    """[B]: how many guesses the first `width` nodes (all when None) would have accepted."""
-    depth = torch.where(ok, tree.depths, -1)
-    return depth[:, :width].amax(dim=1)
-
-
-def deepest_node(ok: torch.Tensor) -> torch.Tensor:
-    """[B]: the deepest accepted node of each row, from ok [B, N] (ancestors come first: the largest index)."""
-    index = torch.arange(ok.shape[1], device=ok.device)
-    return torch.where(ok, index, -1).argmax(dim=1)
-
-
-def accept_path(tree: Tree, ok: torch.Tensor):
-    """The accepted path from the accepted nodes ok [B, N] (`accepted_nodes`, or a sampled walk) ->
-    (path [B, P] node indices by depth, num_accepted [B]).
-
-    Row b's path holds its anchor and accepted nodes in its first num_accepted[b] + 1 entries, then repeats its
-    deepest node up to P = max(num_accepted) + 1.
-    """
-    num_accepted = accepted_depth(tree, ok)  # [B]; at most one accepted node per depth: siblings differ
-    deepest = deepest_node(ok)  # [B]
-    P = int(num_accepted.max()) + 1
-    N = tree.size
-    index = torch.arange(N, device=ok.device).expand_as(ok)
-    # Path nodes in index order are in depth order (ancestors come first); the rest sort after them.
-    order = torch.where(ok, index, index + N).argsort(dim=1)[:, :P]  # [B, P]
-    on_path = torch.arange(P, device=ok.device)[None, :] <= num_accepted[:, None]
-    path = torch.where(on_path, order, deepest[:, None])
-    return path, num_accepted

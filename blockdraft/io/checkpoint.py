@@ -24,7 +24,7 @@ from .hf_export import (
     to_transformers_config,
     to_transformers_tensors,
 )
-from .validate import canonical_tensor_names, raise_collected, tensor_problems
+from ..checks import canonical_tensor_names, raise_collected, tensor_problems
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -22,8 +22,8 @@ import copy
 from typing import Any
 
 from ..config import DraftConfig
-from .config_fields import ARCHITECTURE, EXTRA_FIELDS
-from .validate import raise_collected
+from ..config_fields import ARCHITECTURE, EXTRA_FIELDS
+from ..checks import raise_collected
 
 HF_MODEL_TYPE = "muse_glimmer_assistant"
 HF_ARCHITECTURE = "MuseGlimmerAssistantModel"

@@ -1,4 +1,7 @@
-"""Exact sampling over a token tree whose guesses are fixed tokens (point masses).
+"""Acceptance over a token tree (decode/tree.py builds them): the path the target agrees with, greedy or coupled
+(`accepted_nodes`), and exact sampling when its guesses are fixed tokens (point masses, `tree_sample`).
+
+A tree is anything with `tokens`, `parents` and `depths` [B, N] (node 0 the anchor, parents before children).
 
 p is the target's distribution at a node (the token after it), as in accept.py. A node's children c1, c2, ...
 (distinct tokens, in tree order) are tried in turn, each as a point-mass proposal q = one-hot(c): c is accepted
@@ -21,9 +24,14 @@ Shapes: B rows, N tree nodes (node 0 the anchor), V vocabulary.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .transforms import Generators, draw_uniforms, sample_from_uniforms
+
+if TYPE_CHECKING:  # a tree is built in decode/tree.py; only its three tensors are read here
+    from ..decode.tree import Tree
 
 
 def tree_sample_from_uniforms(p: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -72,3 +80,46 @@ def tree_sample(p: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, ge
     """`tree_sample_from_uniforms` with N uniforms per row from `generator` (one per row, or one for all)."""
     B, N = tokens.shape
     return tree_sample_from_uniforms(p, tokens, parents, draw_uniforms(generator, (B, N), p.device))
+
+
+def accepted_nodes(tree: Tree, target_tokens: torch.Tensor) -> torch.Tensor:
+    """[B, N] bool: the nodes on the accepted path, given the target's argmax at every node [B, N]."""
+    B, N = tree.tokens.shape
+    ok = torch.zeros(B, N, dtype=torch.bool, device=tree.tokens.device)
+    ok[:, 0] = True
+    rows = torch.arange(B, device=ok.device)
+    for i in range(1, N):
+        parent = tree.parents[:, i]
+        ok[:, i] = ok[rows, parent] & (tree.tokens[:, i] == target_tokens[rows, parent])
+    return ok
+
+
+def accepted_depth(tree: Tree, ok: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """[B]: how many guesses the first `width` nodes (all when None) would have accepted."""
+    depth = torch.where(ok, tree.depths, -1)
+    return depth[:, :width].amax(dim=1)
+
+
+def deepest_node(ok: torch.Tensor) -> torch.Tensor:
+    """[B]: the deepest accepted node of each row, from ok [B, N] (ancestors come first: the largest index)."""
+    index = torch.arange(ok.shape[1], device=ok.device)
+    return torch.where(ok, index, -1).argmax(dim=1)
+
+
+def accept_path(tree: Tree, ok: torch.Tensor):
+    """The accepted path from the accepted nodes ok [B, N] (`accepted_nodes`, or a sampled walk) ->
+    (path [B, P] node indices by depth, num_accepted [B]).
+
+    Row b's path holds its anchor and accepted nodes in its first num_accepted[b] + 1 entries, then repeats its
+    deepest node up to P = max(num_accepted) + 1.
+    """
+    num_accepted = accepted_depth(tree, ok)  # [B]; at most one accepted node per depth: siblings differ
+    deepest = deepest_node(ok)  # [B]
+    P = int(num_accepted.max()) + 1
+    N = tree.size
+    index = torch.arange(N, device=ok.device).expand_as(ok)
+    # Path nodes in index order are in depth order (ancestors come first); the rest sort after them.
+    order = torch.where(ok, index, index + N).argsort(dim=1)[:, :P]  # [B, P]
+    on_path = torch.arange(P, device=ok.device)[None, :] <= num_accepted[:, None]
+    path = torch.where(on_path, order, deepest[:, None])
+    return path, num_accepted

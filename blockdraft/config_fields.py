@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any
 
-from .validate import is_int, is_number, normalise_rope_scaling
+from .checks import is_int, is_number, normalise_rope_scaling
 
 ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")

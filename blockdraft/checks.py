@@ -13,7 +13,7 @@ import json
 import warnings
 from typing import Any
 
-from ..errors import BlockdraftError, ConfigError
+from .errors import BlockdraftError, ConfigError
 
 MASK_TOKEN = "<|MASK|>"
 MASK_FIELD = "`dflash_config.mask_token_id`"
