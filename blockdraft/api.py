@@ -13,10 +13,8 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from numbers import Integral
-from pathlib import Path
 
 import torch
 
@@ -24,11 +22,13 @@ from .decode.decoder import Decoder
 from .decode.generate import GenerationResult
 from .decode.options import DecodeOptions, resolve
 from .errors import InputError
-from .io.drafts import DEFAULT_DRAFT, SHIPPED_DRAFTS, LoadedDraft, load_draft, untrained_draft
+from .io.drafts import LoadedDraft, load_draft
 from .metrics import AcceptanceStats
 from .model.draft import DFlashDraftModel
 from .model.target import Target
 from .sampling import SamplingParams
+
+__all__ = ["Completion", "LoadedDraft", "encode", "generate", "load_draft"]
 from .io.prompts import encode_prompt
 
 @dataclass

@@ -14,6 +14,7 @@ from .errors import BlockdraftError
 
 COMMANDS = {
     "generate": "generate text, streaming, with speed and acceptance statistics",
+    "chat": "talk with the model: a multi-turn chat that streams each answer as it decodes",
     "inspect": "print a draft checkpoint's config and validate it against a target",
     "bench": "same-run benchmark of the target alone, prompt lookup and speculative decoding",
     "serve": "OpenAI-compatible HTTP server",
@@ -29,11 +30,26 @@ def _module(name: str):
     return importlib.import_module(f"blockdraft.commands.{name}")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help line ends with its default, unless the default is off (None or False) or the line
+    already states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        off = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if off or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="blockdraft", description="Exact DFlash speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"blockdraft {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, description=help_text)
+        command = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if only is None or name == only:
             _module(name).add_arguments(command)
     return parser

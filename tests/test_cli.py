@@ -139,6 +139,20 @@ def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
     assert last.startswith("[speculative]") and "tok/s" in last and "tau" in last and "K=4" in last
 
 
+def test_generate_prints_the_same_bins_for_every_row_at_the_k_asked_for(folders, capsys):
+    """Trees and lookups (on by default) verify up to 2K tokens a step: every row's histogram and the batch's must
+    still show the bins 1..K and >K of the K the user set, or rows of one batch print different lengths."""
+    import re
+
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "abcabcabcabc", "xyzxyzxyz", "--target", target, "--draft", draft,
+                       "--dtype", "float32", "--max-new-tokens", "24", "--block-size", "4")
+    lines = [line for line in out.splitlines() if "histogram" in line]
+    assert code == 0 and len(lines) == 3, out
+    assert all(re.search(r"histogram 1:\d+ 2:\d+ 3:\d+ 4:\d+ >4:\d+\)", line) for line in lines), lines
+    assert "K=4" in lines[-1], lines[-1]
+
+
 def test_generate_compare_with_lookups_names_the_mode_and_matches(folders, capsys):
     target, draft = folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
@@ -154,7 +168,7 @@ def test_every_door_decodes_with_the_same_defaults():
     import inspect
 
     from blockdraft import api
-    from blockdraft.commands.generate import _switch
+    from blockdraft.commands.decoding import switch as _switch
     from blockdraft.decode.options import DecodeOptions, resolve
 
     defaults = DecodeOptions()

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from blockdraft.api import DEFAULT_DRAFT
+from blockdraft.io.drafts import DEFAULT_DRAFT
 from blockdraft.cli import main
 from blockdraft.io.checkpoint import read_checkpoint, read_config, write_checkpoint
 from conftest import tiny_draft, tiny_target

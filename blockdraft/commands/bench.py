@@ -11,17 +11,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..api import DEFAULT_DRAFT, encode, load_draft
+from ..api import encode, load_draft
 from ..bench import BenchSettings, benchmark
 from ..bench.methods import METHODS, REQUIRED, choose_methods
 from ..bench.plot import save_plot
 from ..bench.report import render, save_json, summary_line
 from ..decode.requests import check_request
 from ..errors import InputError
+from ..io.drafts import DEFAULT_DRAFT
 from ..io.targets import load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
-from .common import add_model_arguments, add_sampling_arguments, context_window
+from .common import add_model_arguments, add_sampling_arguments, context_window, prepare
 
 
 def add_arguments(parser) -> None:
@@ -29,7 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompts", default="mt-bench", help=f"a benchmark set ({sets}) or a .jsonl/.txt file")
     parser.add_argument("--limit", type=int, default=10, help="use the first N prompts of the set")
     parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="new tokens per prompt (each method's outputs are cut to the same tokens)")
     parser.add_argument("--batch-size", type=int, default=1,
                         help="prompts decoded together by batched methods (prompt lookup always runs one at a time)")
     parser.add_argument("--methods", default=None,
@@ -52,6 +54,7 @@ def run(args) -> int:
             raise InputError(f"`{flag}` must be a positive integer, got {value}")
     methods = choose_methods(args.methods)  # a misspelt method fails before anything loads
     window = context_window(args)
+    prepare(args)
     # Bad sampling parameters fail here too, with SamplingParams' message naming the parameter and the fix.
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               seed=args.seed)

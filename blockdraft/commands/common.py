@@ -1,21 +1,144 @@
-"""Arguments shared by several commands."""
+"""Arguments shared by several commands, and the checks every command runs before it loads a model."""
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, one thread per physical core (hyper-threads slow small GEMMs down)."""
+    try:
+        import psutil
+
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        physical = None
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    logical = os.cpu_count() or available
+    # A process limited to some cores (taskset, a container) gets its share of the physical ones.
+    return max(1, min(available, round((physical or logical) * available / logical)))
+
 
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--target", default=None,
+                        help="a local Hugging Face folder or a hub id (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--draft", default=None, help="draft checkpoint folder (default: the shipped draft)")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPUs and on CPUs with native bf16, "
                         "else float32), bfloat16, float32 (exact), float16")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    add_compute_arguments(parser)
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
     parser.add_argument("--draft-window", type=int, default=None, metavar="W",
                         help="bound the draft's context memory: keep the latest W positions and the first "
                              "--draft-sinks (same output; acceptance may drop at contexts past W); default: all")
     parser.add_argument("--draft-sinks", type=int, default=4, metavar="S",
-                        help="first positions the draft window always keeps (default 4)")
+                        help="first positions the draft window always keeps")
+
+
+def add_compute_arguments(parser) -> None:
+    parser.add_argument("--device", default="auto", help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, "
+                        "cuda:1, ...")
+    parser.add_argument("--threads", type=int, default=physical_cores(), metavar="N",
+                        help="CPU threads for torch (default: this machine's physical cores); fewer on a busy machine")
+
+
+def set_compute(args) -> None:
+    """Thread count and device (auto: a GPU when there is one), before anything runs."""
+    import torch
+
+    from ..io.targets import resolve_device
+
+    if args.threads < 1:
+        raise InputError(f"`--threads` must be at least 1, got {args.threads}; pass e.g. --threads {physical_cores()}")
+    torch.set_num_threads(args.threads)
+    args.device = str(resolve_device(args.device))
+
+
+def prepare(args) -> None:
+    """What every model-loading command does first, in a fraction of a second: thread count and device, then the
+    checks that would otherwise fail only after the model load (a missing draft or target folder, a hub id that
+    cannot be reached)."""
+    set_compute(args)
+    if getattr(args, "draft", None) is not None:
+        check_draft_folder(args.draft)
+    if getattr(args, "target", None) is not None:
+        check_target(args.target)
+
+
+def check_draft_folder(path) -> None:
+    """A draft folder that exists and holds a readable config.json."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise InputError(f"--draft {path}: no such folder; pass a draft checkpoint folder (config.json and "
+                         "model.safetensors), or leave --draft out for the shipped draft")
+    config = folder / "config.json"
+    if not config.is_file() or not os.access(config, os.R_OK):
+        raise InputError(f"--draft {path}: no readable config.json in it; pass a draft checkpoint folder")
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a --target names a local folder rather than a hub id ("org/name")."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep == "\\" and "\\" in name
+
+
+def check_target(name: str) -> None:
+    """A local target folder must exist; a hub id must be in the local cache or the hub reachable (else
+    transformers retries for about a minute before failing). Offline with a cached copy, loading stays offline."""
+    from ..io.targets import EMBEDDED_TARGET
+
+    if name == EMBEDDED_TARGET:
+        return
+    if looks_like_path(name) or Path(name).expanduser().exists():
+        folder = Path(name).expanduser()
+        if not folder.is_dir() or not (folder / "config.json").is_file():
+            raise InputError(f"--target {name}: no such folder with a config.json; pass a local Hugging Face model "
+                             "folder, a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct, or leave it out for the "
+                             "embedded target")
+        return
+    if _hub_cached(name):
+        if not hub_reachable():
+            os.environ["HF_HUB_OFFLINE"] = "1"  # use the cached copy at once instead of retrying the network
+        return
+    if not hub_reachable():
+        raise InputError(f"--target {name}: not in the local Hugging Face cache and the hub cannot be reached (no "
+                         "network); download it where there is one, or pass a local folder")
+
+
+def _hub_cached(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an id the hub library refuses is not cached either; loading will name the problem
+        return False
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub's host accepts a connection within `timeout` seconds."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        with socket.create_connection((host.split(":")[0], 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A port another process holds is named before the model load (uvicorn would fail only after it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise InputError(f"cannot listen on {host}:{port} ({error.strerror or error}); pass another --port, or "
+                             "stop the process that holds it") from error
 
 
 def context_window(args):
@@ -29,9 +152,37 @@ def add_sampling_arguments(parser, description: str, seed_default: int | None, s
     """The sampling flags (temperature and the filters, in `SamplingParams`' order, and the seed) as one argument
     group, returned for command-specific additions."""
     group = parser.add_argument_group("sampling", description)
-    group.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 is off")
     group.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
-    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability")
+    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * top probability; 0 is off")
     group.add_argument("--seed", type=int, default=seed_default, help=seed_help)
     return group
+
+
+def add_decode_arguments(parser, what: str = "prompt") -> None:
+    """How to decode (decode/options.py), shared by `generate` and `chat`: budget, block size, the three modes and
+    the sampling flags. Every mode keeps the output exact; auto is the default of DecodeOptions."""
+    from ..decode.selection import SAMPLERS
+
+    parser.add_argument("--max-new-tokens", type=int, default=256, help=f"the most new tokens per {what}")
+    parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
+    parser.add_argument("--adaptive", choices=("auto", "on", "off"), default="auto",
+                        help="verify per step the number of proposals that pays best, down to none, priced by step "
+                             "costs measured once and cached (same output, the same every run); auto: on")
+    parser.add_argument("--lookup", choices=("auto", "on", "off"), default="auto",
+                        help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
+                             "lookup): grafted onto the token tree, or instead of the draft's block without trees, "
+                             "when it pays (same output); auto: on")
+    parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
+                        help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
+                             "forward (same output; sampling stays exact); auto: on")
+    sampling = add_sampling_arguments(parser, "exact: the output follows the target's own distribution", None,
+                                      "prompt i uses seed + i (default: a random seed, printed)")
+    sampling.add_argument("--sampler", choices=SAMPLERS, default="auto",
+                          help="coupled: each position's token is argmax(log p + g), Gumbel noise g keyed by the "
+                               "seed and the position, the draft guessing with the same noise, so a seed gives the "
+                               "target-alone sample of that seed (--compare shows identical outputs in float32); "
+                               "rejection: the draft samples and p tests its guesses; auto: coupled with --seed")
+    sampling.add_argument("--draft-argmax", action="store_true",
+                          help="propose the draft's argmax instead of sampling it (rejection sampler; still exact)")

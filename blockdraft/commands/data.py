@@ -6,6 +6,7 @@ import json
 
 from ..io.targets import load_target, parse_dtype
 from ..prompts import DEFAULT_TRAINING_SETS
+from .common import add_compute_arguments, set_compute
 
 
 def add_arguments(parser) -> None:
@@ -13,19 +14,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sets", default=",".join(DEFAULT_TRAINING_SETS),
                         help="comma-separated training sets (benchmark and reserved sets are refused)")
     parser.add_argument("--count", type=int, default=1024, help="prompts to regenerate")
-    parser.add_argument("--max-prompt-tokens", type=int, default=384)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--shard-size", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-prompt-tokens", type=int, default=384,
+                        help="skip prompts longer than this (counted in meta.json)")
+    parser.add_argument("--max-new-tokens", type=int, default=256,
+                        help="the most response tokens the target regenerates per prompt")
+    parser.add_argument("--batch-size", type=int, default=32, help="prompts the target regenerates together")
+    parser.add_argument("--shard-size", type=int, default=512, help="examples per data shard")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the prompt draw (the same seed resumes the same draw)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32")
-    parser.add_argument("--device", default="cpu")
+    add_compute_arguments(parser)
 
 
 def run(args) -> int:
     from ..train.regenerate import build_dataset
 
+    set_compute(args)
     target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
     meta = build_dataset(target, args.out, sets=[s for s in args.sets.split(",") if s], count=args.count,
                          max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,

@@ -15,15 +15,15 @@ from ..hardware import describe
 from ..io.targets import load_target, parse_dtype
 from ..prompts import load_prompts
 from .bench import refuse_training_sets
-from .common import add_model_arguments, context_window
+from .common import add_model_arguments, context_window, prepare
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--prompts", default="humaneval,mt-bench", help="comma-separated sets or files")
     parser.add_argument("--limit", type=int, default=20, help="prompts per set")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt")
+    parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
     parser.add_argument("--tree", action="store_true",
                         help="verify token trees of K nodes (the draft's likeliest alternatives per slot) instead of "
                              "the block: tau then counts what a tree step commits")
@@ -47,6 +47,7 @@ def run(args) -> int:
     # Acceptance on the prompts a draft was trained on overstates it, as in bench.
     refuse_training_sets([p for prompts in sets.values() for p in prompts])
     window = context_window(args)
+    prepare(args)
     dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
@@ -55,7 +56,7 @@ def run(args) -> int:
     shape = f"token trees of {K} nodes" if args.tree else f"K={K}"
     bounded = "" if window is None else f", draft context: first {window.sinks} + latest {window.window} positions"
     table = Table(title=f"online greedy tau, {shape}, max_new_tokens={args.max_new_tokens}, {dtype_name}{bounded}")
-    for column in ("set", "prompts", "mean tau", "histogram 1..K", "per-position acceptance"):
+    for column in ("set", "prompts", "mean tau", "tau histogram 1..K, >K", "per-position acceptance"):
         table.add_column(column)
     results = {}
     columns = [TextColumn("[bold]eval {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
@@ -68,7 +69,7 @@ def run(args) -> int:
             results[name] = stats
     for name, stats in results.items():
         rates = " ".join(f"{r:.2f}" for r in stats.per_position_acceptance())
-        table.add_row(name, str(len(sets[name])), f"{stats.mean_tau:.3f}", str(stats.histogram), rates)
+        table.add_row(name, str(len(sets[name])), f"{stats.mean_tau:.3f}", stats.histogram_text(), rates)
     Console().print(table)
     record = {"date": date.today().isoformat(), "target": target.name, "draft": args.draft or "shipped",
               "full_vocab": args.full_vocab, "prompts": {name: len(prompts) for name, prompts in sets.items()},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..api import DEFAULT_DRAFT
+from ..io.drafts import DEFAULT_DRAFT
 from ..errors import InputError
 from ..io.checkpoint import read_checkpoint, write_transformers_checkpoint
 

@@ -3,7 +3,6 @@ for the target alone; --temperature and the filters for exact sampling."""
 
 from __future__ import annotations
 
-import secrets
 import sys
 from functools import reduce
 from pathlib import Path
@@ -13,70 +12,43 @@ from rich.console import Console
 
 from ..api import encode, load_draft
 from ..decode.decoder import Decoder
-from ..decode.options import resolve
-from ..decode.selection import SAMPLERS, is_coupled
 from ..decode.ties import Split, first_split, is_rounding
 from ..errors import InputError
 from ..hardware import describe_line
 from ..io.targets import load_target, parse_dtype
 from ..metrics import AcceptanceStats
 from ..prompts.files import read_prompt_file
-from ..sampling import SamplingParams
 from ..textstream import TextStream
-from .common import add_model_arguments, add_sampling_arguments, context_window
+from .common import add_decode_arguments, add_model_arguments, prepare
+from .decoding import decode_options, sampling_line
 
 console = Console(stderr=True, highlight=False)
 
 
-DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
-
-
 def add_arguments(parser) -> None:
-    parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompt text; several prompts run as one batch")
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT",
+                        help="prompt text; several prompts run as one batch; - (or none, with piped input) reads "
+                             "standard input; none at a terminal asks for one")
     parser.add_argument("--prompt-file", type=Path, help="read one prompt from this file (the whole file)")
     parser.add_argument("--prompts-file", type=Path,
                         help='one prompt per line: .txt plain lines, or .jsonl {"prompt": ...} / {"messages": ...}')
+    parser.add_argument("--system", default=None, help="a system message before each prompt (chat template)")
     parser.add_argument("--no-chat-template", action="store_true", help="tokenise the prompt as plain text")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=None, help="K (default: the draft's trained block size)")
-    parser.add_argument("--adaptive", choices=("auto", "on", "off"), default="auto",
-                        help="verify per step the number of proposals that pays best, down to none, priced by step "
-                             "costs measured once and cached (same output, the same every run); auto: on")
-    parser.add_argument("--lookup", choices=("auto", "on", "off"), default="auto",
-                        help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
-                             "lookup): grafted onto the token tree, or instead of the draft's block without trees, "
-                             "when it pays (same output); auto: on")
-    parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
-                        help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
-                             "forward (same output; sampling stays exact); auto: on")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--baseline", action="store_true", help="run the target alone")
-    mode.add_argument("--compare", action="store_true", help="run the target alone and speculative, same process")
-    sampling = add_sampling_arguments(parser, "exact: the output follows the target's own distribution", None,
-                                      "prompt i uses seed + i (default: a random seed)")
-    sampling.add_argument("--sampler", choices=SAMPLERS, default="auto",
-                          help="coupled: each position's token is argmax(log p + g), Gumbel noise g keyed by the "
-                               "seed and the position, the draft guessing with the same noise, so a seed gives the "
-                               "target-alone sample of that seed (--compare shows identical outputs in float32); "
-                               "rejection: the draft samples and p tests its guesses; auto: coupled with --seed")
-    sampling.add_argument("--draft-argmax", action="store_true",
-                          help="propose the draft's argmax instead of sampling it (rejection sampler; still exact)")
+    mode.add_argument("--compare", action="store_true",
+                      help="run the target alone, then speculative, in this process: the speedup and whether the "
+                           "outputs are the same")
+    add_decode_arguments(parser)
     add_model_arguments(parser)
 
 
 def run(args) -> int:
-    prompts = _read_prompts(args, DEFAULT_PROMPT)
-    sampling = _sampling(args)  # bad values fail here, before minutes of loading
-    window = context_window(args)
-    options = resolve(None, block_size=args.block_size, tree=_switch(args.tree), adaptive=_switch(args.adaptive),
-                      lookup=_switch(args.lookup), sampling=sampling,
-                      # A seed drawn here samples as an unseeded request does: by rejection (the line printed
-                      # below says how to draw the same text again).
-                      sampler="rejection" if args.seed is None and args.sampler == "auto" else args.sampler,
-                      draft_argmax=args.draft_argmax, window=window)
+    prompts = read_prompts(args)
+    options = decode_options(args, console)  # bad values fail here, before the model load
+    sampling = options.sampling
+    prepare(args)
     dtype = parse_dtype(args.dtype, args.device)
-    if args.max_new_tokens <= 0:
-        raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=dtype, device=args.device)
         draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab)
@@ -89,10 +61,7 @@ def run(args) -> int:
     block = spec.block_size() if draft is not None else None
     single = len(ids) == 1
     if not sampling.greedy:
-        rows = "" if single else f" (prompt i uses seed {sampling.seed} + i)"
-        how = "coupled (the seed's target-alone sample)" if options.coupled else "rejection"
-        again = f"; rerun with --seed {sampling.seed} --sampler rejection to draw it again" if args.seed is None else ""
-        print(f"sampling: {_describe(sampling)}, seed {sampling.seed}{rows}, {how}{again}")
+        print(sampling_line(options, drawn=args.seed is None, rows=len(ids)))
     if args.compare:
         base_decoder = Decoder(target, None, options)
         for decoder in (base_decoder, spec):  # neither timed run pays first-call costs (or measures step costs)
@@ -156,9 +125,14 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _read_prompts(args, default_prompt: str) -> list:
-    """Positional prompts, then --prompt-file (one prompt), then --prompts-file (one per line), in that order."""
-    prompts: list = list(args.prompts)
+def read_prompts(args) -> list:
+    """Positional prompts, then --prompt-file (one prompt), then --prompts-file (one per line); a prompt "-", or
+    none at all with piped input, reads standard input; none at a terminal asks for one. --system goes before
+    each. Empty prompts are refused here, before any model is loaded."""
+    prompts: list = [p for p in args.prompts if p != "-"]
+    if "-" in args.prompts or (not args.prompts and args.prompt_file is None and args.prompts_file is None
+                               and not sys.stdin.isatty()):
+        prompts.append(sys.stdin.read())
     if args.prompt_file is not None:
         if not args.prompt_file.is_file():
             raise InputError(f"--prompt-file {args.prompt_file} does not exist; pass a readable text file")
@@ -171,38 +145,18 @@ def _read_prompts(args, default_prompt: str) -> list:
         for p in read:
             one_turn = len(p.messages) == 1 and p.messages[0]["role"] == "user"
             prompts.append(p.messages[0]["content"] if one_turn else list(p.messages))
-    return prompts or [default_prompt]
-
-
-def _sampling(args) -> SamplingParams:
-    """SamplingParams from the flags; a random seed is drawn here so that it can be printed and reused."""
-    seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, seed=seed)
-    ignored = [flag for flag, on in [("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
-                                     ("--min-p", args.min_p != 0.0), ("--seed", args.seed is not None),
-                                     ("--draft-argmax", args.draft_argmax),
-                                     ("--sampler", args.sampler != "auto")] if on]
-    if sampling.greedy and ignored:
-        console.print(f"[yellow]note: {', '.join(ignored)} ignored at temperature 0 (greedy); "
-                      "pass --temperature to sample[/yellow]")
-    elif args.draft_argmax and is_coupled(args.sampler, sampling.greedy, seeded=args.seed is not None):
-        console.print("[yellow]note: --draft-argmax applies to the rejection sampler only; a coupled sample's "
-                      "draft guesses argmax(log q + g) anyway[/yellow]")
-    return sampling
-
-
-def _describe(sampling: SamplingParams) -> str:
-    parts = [f"temperature {sampling.temperature:g}"]
-    parts += [f"top_k {sampling.top_k}"] if sampling.top_k else []
-    parts += [f"top_p {sampling.top_p:g}"] if sampling.top_p < 1 else []
-    parts += [f"min_p {sampling.min_p:g}"] if sampling.min_p > 0 else []
-    return ", ".join(parts)
-
-
-def _switch(flag: str) -> bool | None:
-    """on/off/auto -> True/False/None (auto: the default of DecodeOptions)."""
-    return {"on": True, "off": False}.get(flag)
+    if not prompts:
+        prompts.append(input("prompt: "))
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str) and not prompt.strip():
+            where = "" if len(prompts) == 1 else f" (prompt {i + 1})"
+            raise InputError(f"the prompt is empty{where}; give some text, e.g. blockdraft generate \"Say hello\"")
+    if args.system is None:
+        return prompts
+    if args.no_chat_template:
+        raise InputError("--system needs the chat template; leave out --no-chat-template")
+    system = {"role": "system", "content": args.system}
+    return [[system, {"role": "user", "content": p}] if isinstance(p, str) else [system] + list(p) for p in prompts]
 
 
 def _run(decoder: Decoder, ids, max_new_tokens: int, echo: bool = False):
@@ -235,7 +189,7 @@ def _print_rows(target, prompts, tokens, stats, block) -> None:
     for i, s in enumerate(stats):
         line = f"[row {i}] {s.new_tokens} tokens"
         if block:
-            line += f", tau {s.mean_tau:.2f} (histogram {s.histogram})"
+            line += f", tau {s.mean_tau:.2f} (histogram {s.histogram_text()})"
         print(line)
 
 
@@ -243,7 +197,7 @@ def _summary(label: str, stats: AcceptanceStats, block, hardware: str, rows: int
     batch = f" batch of {rows}:" if rows > 1 else ""
     line = f"[{label}]{batch} {stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s"
     if block:
-        line += f", tau {stats.mean_tau:.2f} (K={block}, histogram {stats.histogram})"
+        line += f", tau {stats.mean_tau:.2f} (K={block}, histogram {stats.histogram_text()})"
         if stats.plain_steps or stats.lookup_steps:
             drafted = stats.steps - stats.plain_steps - stats.lookup_steps
             looked = f", {stats.lookup_steps} lookup" if stats.lookup_steps else ""

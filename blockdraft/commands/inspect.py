@@ -8,11 +8,13 @@ from pathlib import Path
 from ..config import check_against_target
 from ..decode.vocab import VOCAB_FILE, read_vocab
 from ..io.checkpoint import read_checkpoint
+from ..io.drafts import DEFAULT_DRAFT
 from ..io.targets import load_target
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("checkpoint", type=Path, nargs="?", default=DEFAULT_DRAFT,
+                        help="a draft checkpoint folder (default: the shipped draft)")
     parser.add_argument("--target", default=None, help="validate against this target (default: embedded)")
     parser.add_argument("--strict", action="store_true", help="refuse a provenance fingerprint mismatch")
 

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from ..decode.options import PRESETS, DecodeOptions
 from ..errors import ConfigError, InputError
-from .common import add_model_arguments, context_window
+from .common import add_model_arguments, check_port_free, context_window, prepare
 
 console = Console(stderr=True, highlight=False)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--no-spec", action="store_true", help="serve the target alone, without a draft")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     parser.add_argument("--api-key", default=os.environ.get("BLOCKDRAFT_API_KEY"),
                         help="require `Authorization: Bearer KEY` on /v1 routes (default: $BLOCKDRAFT_API_KEY)")
     parser.add_argument("--fixed-block", action="store_true",
@@ -44,6 +44,8 @@ def run(args) -> int:
     if not 0 < args.port < 65536:
         raise InputError(f"`--port` must be in 1..65535, got {args.port}; pick a free port such as 8000")
     window = context_window(args)
+    check_port_free(args.host, args.port)
+    prepare(args)
     if args.host not in LOOPBACK and not args.api_key:
         console.print(f"[yellow]warning: binding {args.host} without --api-key: anyone who can reach this "
                       "address can use the model[/yellow]")

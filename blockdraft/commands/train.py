@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..io.targets import load_target, parse_dtype
+from .common import add_compute_arguments, set_compute
 
 
 def add_arguments(parser) -> None:
@@ -11,20 +12,25 @@ def add_arguments(parser) -> None:
                         help="folder written by `blockdraft data`; repeat to train on several as one set, in order")
     parser.add_argument("--out", required=True, help="run folder: checkpoint/, draft/, metrics.jsonl, curves.png")
     parser.add_argument("--layers", type=int, default=5, help="draft layers (1-8)")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=16, help="K, the draft's block size")
     parser.add_argument("--gamma", type=float, default=None, help="loss decay (default: 7, 5, 4 for K 16, 10, 8)")
     parser.add_argument("--anchors", type=int, default=512, help="anchors per sequence")
-    parser.add_argument("--max-seq-len", type=int, default=3072)
-    parser.add_argument("--lr", type=float, default=6e-4)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--max-seq-len", type=int, default=3072,
+                        help="longest training sequence in tokens (longer ones are cut)")
+    parser.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (AdamW, warmup then cosine)")
+    parser.add_argument("--epochs", type=int, default=6, help="passes over the data")
     parser.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step (all ranks)")
-    parser.add_argument("--micro-batch-size", type=int, default=None)
-    parser.add_argument("--max-steps", type=int, default=None)
-    parser.add_argument("--save-every", type=int, default=500)
-    parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--val-fraction", type=float, default=0.02)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mask-token-id", type=int, default=None)
+    parser.add_argument("--micro-batch-size", type=int, default=None,
+                        help="sequences per forward pass (gradients accumulate to --batch-size); "
+                             "default: the whole batch")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop after this many optimizer steps; default: all epochs")
+    parser.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
+    parser.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
+    parser.add_argument("--val-fraction", type=float, default=0.02, help="share of the data held out for evaluation")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draft's initialisation and the data order")
+    parser.add_argument("--mask-token-id", type=int, default=None,
+                        help="the mask token's id; default: chosen from the tokenizer (docs/training.md §1)")
     parser.add_argument("--target-layer-ids", default=None, help="comma-separated ids (default: the spread rule)")
     parser.add_argument("--init-from", default=None, help="start from this draft folder")
     parser.add_argument("--cache-features", action="store_true",
@@ -50,7 +56,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="auto",
                         help="dtype of the frozen target (auto: bfloat16 where it is native, else float32)")
-    parser.add_argument("--device", default="cpu")
+    add_compute_arguments(parser)
 
 
 def run(args) -> int:
@@ -59,6 +65,7 @@ def run(args) -> int:
     from ..train.ranks import rank_device
     from ..train.trainer import TrainConfig, train
 
+    set_compute(args)
     if args.kd_weight is not None and args.loss != "kd":
         raise ConfigError("--kd-weight only applies with --loss kd; add --loss kd or drop --kd-weight")
     kd_weight = 0.0 if args.loss == "ce" else 1.0 if args.kd_weight is None else args.kd_weight

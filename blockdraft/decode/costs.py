@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..hardware import cpu_name
+
 STEPS_PER_WIDTH = 6  # timed steps per width and bucket (after WARM_STEPS untimed ones); the median counts
 WARM_STEPS = 2  # a first step of a shape pays one-off costs (allocation, kernel selection)
 PROMPT_LENGTH = 64  # positions of the synthetic prompt the steps are timed on
@@ -139,7 +141,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
     if not getattr(target, "name", ""):
         return None
     device = target.device
-    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     described = dict(target=target.name, layers=target.num_layers, vocab=int(target.lm_head.weight.shape[0]),
                      dtype=str(target.dtype), device=hardware, threads=torch.get_num_threads(),
                      torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
@@ -147,18 +149,6 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                                 taps=list(draft_config.target_layer_ids)),
                      block_size=block_size, tree=tree, steps=STEPS_PER_WIDTH, prompt=PROMPT_LENGTH)
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def read_cached(folder: Path, key: str) -> CostModel | None:

@@ -32,10 +32,19 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 def device_of(device: str | torch.device) -> torch.device:
     """The device a name means (whether or not this machine has it); an unknown name is refused by name."""
+    if device == "auto":
+        return resolve_device(device)
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ConfigError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from error
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto": the first CUDA GPU when this machine has one, else the CPU; any other name as `parse_device`."""
+    if device == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() and torch.cuda.device_count() else torch.device("cpu")
+    return parse_device(device)
 
 
 def parse_device(device: str | torch.device) -> torch.device:
