@@ -1,17 +1,22 @@
 """Acceptance statistics: the one place that fixes how tau is counted.
 
 Convention: one verify step of one row commits `a + 1` tokens, the `a` accepted draft proposals plus the
-target's own token (the bonus, or the replacement at the first rejection). tau = a + 1 lies in [1, K], and
-mean tau counts the bonus. Pooled mean tau = committed tokens / verify steps over all rows and prompts;
-it is the headline number. Per-position acceptance at slot k (1..K-1) = P(proposal k accepted | the step
-got to propose k), i.e. steps with tau > k over steps that reached slot k (tau >= k) with a block that had it.
+target's own token (the bonus, or the replacement at the first rejection). tau = a + 1, and mean tau counts
+the bonus. Pooled mean tau = committed tokens / verify steps over all rows and prompts; it is the headline
+number. Per-position acceptance at slot k (1..K-1) = P(proposal k accepted | the step got to propose k), i.e.
+steps with tau > k over steps that reached slot k (tau >= k) with a block that had it.
+
+The histogram has K + 1 bins for every run at block size K, whatever its steps did: tau = 1..K, then one
+overflow bin ">K" (`tau_bins`) for steps that commit more than K tokens. Only a prompt-lookup block
+(decode/lookup.py, up to 2K wide), alone or grafted onto a token tree, can: the draft guesses K-1 slots deep, in
+a chain or a tree. Stats of one K therefore merge bin for bin, and every row and method of a run prints the same
+bins, however wide its steps were. Per-position rates cover the draft's slots 1..K-1 only; a lookup's slots
+past them show in tau and in the overflow bin.
 
 A step may verify fewer than K slots (an adaptive width; width 1 is a plain target step that proposes
 nothing): tau still counts its tokens, the histogram its tau, and `plain_steps` how many proposed nothing.
-`lookup_steps` counts the steps whose proposals came from a prompt lookup (decode/lookup.py), alone or grafted
-onto the draft's token tree: tau and the per-position rates pool both sources. A lookup block may be wider than
-the draft's K (it is not bounded by the draft's slots); the first step that commits more than K tokens extends
-the histogram and the per-position rates to its width, and `block_size` with them.
+`lookup_steps` counts the steps whose proposals came from a prompt lookup, alone or grafted onto the draft's
+token tree: tau and the per-position rates pool both sources.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def tau_bins(block_size: int) -> list[str]:
+    """Labels of the K + 1 histogram bins at block size K: "1".."K", then ">K" (steps wider than the block)."""
+    return [str(t) for t in range(1, block_size + 1)] + [f">{block_size}"]
+
+
 @dataclass
 class AcceptanceStats:
-    block_size: int
-    histogram: list[int] = field(default_factory=list)  # histogram[t - 1] = steps with tau == t, t in 1..K
+    block_size: int  # K as the decode was asked for: it fixes the bins, whatever width the steps verified
+    histogram: list[int] = field(default_factory=list)  # [K + 1]: [t - 1] = steps with tau == t; [K]: tau > K
     tokens: int = 0  # committed tokens counted toward tau (bonus included)
     seconds: float = 0.0  # wall time of the decode, prefill included
     new_tokens: int = 0  # tokens returned to the caller (after stop/budget truncation)
@@ -33,42 +43,42 @@ class AcceptanceStats:
 
     def __post_init__(self) -> None:
         if not self.histogram:
-            self.histogram = [0] * self.block_size
+            self.histogram = [0] * (self.block_size + 1)
         if not self.slot_reached:
             self.slot_reached = [0] * (self.block_size - 1)
             self.slot_accepted = [0] * (self.block_size - 1)
+        # Bins of another shape would merge or print misaligned with every other row of the run.
+        if len(self.histogram) != self.block_size + 1 or len(self.slot_reached) != self.block_size - 1:
+            raise ValueError(f"AcceptanceStats(K={self.block_size}) needs {self.block_size + 1} histogram bins and "
+                             f"{self.block_size - 1} slots, got {len(self.histogram)} and {len(self.slot_reached)}; "
+                             "build it from the block size alone")
 
     def record(self, tau: int, width: int | None = None, lookup: bool = False) -> None:
         """Count one verify step of one row that committed `tau` tokens from a block of `width` slots
         (anchor included; None: the full block), proposed by a prompt lookup when `lookup`."""
         width = self.block_size if width is None else width
-        if max(tau, width) > self.block_size:  # a lookup block wider than the draft's K
-            self._grow(max(tau, width))
-        self.histogram[tau - 1] += 1
+        self.histogram[min(tau, self.block_size + 1) - 1] += 1  # tau > K lands in the overflow bin
         self.tokens += tau
         self.plain_steps += width == 1
         self.lookup_steps += lookup and width > 1
-        for k in range(1, min(tau, width - 1) + 1):  # slots 1..min(tau, w-1) were reached
+        # Slots 1..min(tau, w-1) were reached; only the draft's K-1 are broken out.
+        for k in range(1, min(tau, width - 1, self.block_size - 1) + 1):
             self.slot_reached[k - 1] += 1
             self.slot_accepted[k - 1] += tau > k
 
-    def _grow(self, size: int) -> None:
-        self.histogram += [0] * (size - self.block_size)
-        self.slot_reached += [0] * (size - self.block_size)
-        self.slot_accepted += [0] * (size - self.block_size)
-        self.block_size = size
-
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
-        size = max(self.block_size, other.block_size)
+        # Another K's bins mean other taus: adding them bin for bin would mislabel every count.
+        if other.block_size != self.block_size:
+            raise ValueError(f"cannot merge acceptance stats of K={other.block_size} into K={self.block_size}; "
+                             "pool stats of one block size")
 
-        def add(a: list[int], b: list[int], n: int) -> list[int]:
-            return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+        def add(a: list[int], b: list[int]) -> list[int]:
+            return [x + y for x, y in zip(a, b)]
 
         return AcceptanceStats(
-            size, add(self.histogram, other.histogram, size), self.tokens + other.tokens,
+            self.block_size, add(self.histogram, other.histogram), self.tokens + other.tokens,
             self.seconds + other.seconds, self.new_tokens + other.new_tokens,
-            add(self.slot_reached, other.slot_reached, size - 1),
-            add(self.slot_accepted, other.slot_accepted, size - 1),
+            add(self.slot_reached, other.slot_reached), add(self.slot_accepted, other.slot_accepted),
             self.plain_steps + other.plain_steps, self.lookup_steps + other.lookup_steps,
         )
 
@@ -84,6 +94,10 @@ class AcceptanceStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def histogram_text(self) -> str:
+        """The histogram with its bins named, e.g. "1:3 2:0 3:5 4:1 >4:2" at K=4."""
+        return " ".join(f"{label}:{n}" for label, n in zip(tau_bins(self.block_size), self.histogram))
+
     def per_position_acceptance(self) -> list[float]:
         """Acceptance rate of proposal slot k = 1..K-1, conditional on reaching it."""
         return [a / r if r else 0.0 for a, r in zip(self.slot_accepted, self.slot_reached)]
@@ -93,6 +107,7 @@ class AcceptanceStats:
             "block_size": self.block_size,
             "mean_tau": round(self.mean_tau, 4),
             "steps": self.steps,
+            "tau_bins": tau_bins(self.block_size),
             "tau_histogram": list(self.histogram),
             "per_position_acceptance": [round(r, 4) for r in self.per_position_acceptance()],
             "plain_steps": self.plain_steps,

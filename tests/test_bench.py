@@ -16,6 +16,7 @@ import torch
 
 from blockdraft.bench import BenchSettings
 from blockdraft.bench.methods import METHODS, Decoded, choose_methods, reference_method
+from blockdraft.bench.report import _acceptance_table
 from blockdraft.bench.runner import batches, interleaved_order, run_bench, trim
 from blockdraft.bench.summary import first_difference, paired_ratios, spread, summarize_method
 from blockdraft.cli import main
@@ -129,10 +130,24 @@ def test_report_writes_full_json_and_png(bench_out):
     document = json.loads((out / "bench.json").read_text())
     assert len(document["rows"]) == 2 * 7, "one row per (batch, method)"
     assert {"device", "torch", "transformers"} <= set(document["hardware"]) and document["date"]
-    assert len(document["acceptance"]["blockdraft"]["tau_histogram"]) == 4
+    assert len(document["acceptance"]["blockdraft"]["tau_histogram"]) == 4 + 1, "K=4: tau 1..4 and >4"
     # fp32 tiny targets have no near-ties: every greedy method must reproduce our baseline exactly.
     assert document["mismatches"] == [], f"greedy methods disagree with ours-baseline: {document['mismatches']}"
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_method_reports_the_same_bins_at_the_k_asked_for(bench_out):
+    """Trees (up to 2K nodes) and lookup blocks (up to 2K wide) must not widen a method's histogram: every method
+    of a K=4 run has the bins 1..4 and >4, and every acceptance table's header says K=4."""
+    _, _, out = bench_out
+    acceptance = json.loads((out / "bench.json").read_text())["acceptance"]
+    assert set(acceptance) == {"blockdraft", "blockdraft-tree", "blockdraft-adaptive", "blockdraft-lookup"}
+    for name, acc in acceptance.items():
+        assert acc["block_size"] == 4 and acc["tau_bins"] == ["1", "2", "3", "4", ">4"], (name, acc)
+        assert len(acc["tau_histogram"]) == 5 and sum(acc["tau_histogram"]) == acc["steps"], (name, acc)
+        table = _acceptance_table(name, acc)
+        assert table.title.endswith("K=4"), table.title
+        assert [c.header for c in table.columns] == ["", "1", "2", "3", "4", ">4"], name
 
 
 def test_methods_subset_keeps_the_references_and_base_order(tmp_path):

@@ -61,7 +61,7 @@ def test_a_scripted_draft_is_accepted_under_coupled_sampling(setup):
     selector = Selector(SAMPLING, len(prompts), coupled=True)
     results = generate(target, ScriptedDrafter(references, K), prompts, max_new_tokens=MAX_NEW, block_size=K,
                        stop_token_ids=[], selector=selector)
-    histogram = [sum(h) for h in zip(*(r.stats.histogram for r in results))]
+    histogram = [sum(h) for h in zip(*(r.stats.histogram[:K] for r in results))]  # a chain has no overflow
     assert all(count > 0 for count in histogram), f"every acceptance length 1..K should occur: {histogram}"
 
 

@@ -30,7 +30,7 @@ def test_stats_count_only_the_slots_a_step_had():
     stats.record(1, 1)  # a plain step: no slot reached
     stats.record(3, 4)  # slots 1, 2 accepted, slot 3 reached and rejected
     stats.record(2, 2)  # width 2: its one slot accepted, nothing beyond it reached
-    assert stats.plain_steps == 1 and stats.tokens == 6 and stats.histogram == [1, 1, 1, 0]
+    assert stats.plain_steps == 1 and stats.tokens == 6 and stats.histogram == [1, 1, 1, 0, 0]
     assert stats.slot_reached == [2, 1, 1] and stats.slot_accepted == [2, 1, 0]
     assert stats.per_position_acceptance() == [1.0, 1.0, 0.0]
     merged = stats.merge(stats)

@@ -192,7 +192,7 @@ def test_speculative_sampling_accepts_and_rejects(small_models):
     results = generate(target, draft, [SMALL_PROMPT] * 500, max_new_tokens=8, block_size=4, stop_token_ids=[],
                        selector=selector)
     histogram = np.sum([r.stats.histogram for r in results], axis=0)
-    assert histogram[0] > 0.1 * histogram.sum() and histogram[-1] > 0.1 * histogram.sum(), (
+    assert histogram[0] > 0.1 * histogram.sum() and histogram[3] > 0.1 * histogram.sum(), (  # tau 1 and tau K
         f"tau histogram {histogram.tolist()}: the draft should be neither always rejected nor always accepted"
     )
 

@@ -18,7 +18,7 @@ def test_evaluate_online_pools_tau(tmp_path):
     stats = evaluate_online(target, draft, prompts, max_new_tokens=12, block_size=4, batch_size=2,
                             on_batch=done.append)
     assert done == [2, 2, 1], "progress reports each batch's prompt count"
-    assert stats.block_size == 4 and len(stats.histogram) == 4
+    assert stats.block_size == 4 and len(stats.histogram) == 5, "tau 1..4 and the overflow bin >4"
     alone = generate(target, draft, prompts, max_new_tokens=12, block_size=4)
     assert stats.steps == sum(r.stats.steps for r in alone) and stats.tokens == sum(r.stats.tokens for r in alone)
     assert 1.0 <= stats.mean_tau <= 4.0 and len(stats.per_position_acceptance()) == 3

@@ -154,7 +154,7 @@ class ReferenceMethod:
         if with_stats:
             stats = AcceptanceStats(self.block_size)
             for tau in out.acceptance_lengths:
-                stats.record(max(1, min(int(tau), self.block_size)))
+                stats.record(max(1, int(tau)))
         return Decoded(output_ids[0, len(prompt):].tolist(), stats)
 
 

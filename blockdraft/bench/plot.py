@@ -31,8 +31,10 @@ def _acceptance(document: dict, tau_axes, position_axes) -> None:
     for i, (name, acc) in enumerate(accepted.items()):
         K, steps = acc["block_size"], max(acc["steps"], 1)
         offset = (i - (count - 1) / 2) * width
-        tau_axes.bar([t + offset for t in range(1, K + 1)], [n / steps for n in acc["tau_histogram"]], width,
+        # K + 1 bins: tau 1..K at x = 1..K, the overflow bin ">K" at x = K + 1.
+        tau_axes.bar([t + offset for t in range(1, K + 2)], [n / steps for n in acc["tau_histogram"]], width,
                      label=f"{name} (mean tau {acc['mean_tau']:.2f})")
+        tau_axes.set_xticks(range(1, K + 2), acc["tau_bins"])
         position_axes.plot(range(1, K), acc["per_position_acceptance"], marker="o", label=name)
     tau_axes.set(title="tau histogram (bonus counted)", xlabel="tau", ylabel="fraction of steps")
     position_axes.set(title="per-position acceptance", xlabel="draft slot k", ylabel="P(accept k | reached k)",

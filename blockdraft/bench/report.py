@@ -157,16 +157,17 @@ def _speed_table(document: dict) -> Table:
 
 
 def _acceptance_table(name: str, acc: dict) -> Table:
-    K = acc["block_size"]
+    K, bins = acc["block_size"], acc["tau_bins"]  # K + 1 bins: tau 1..K, then >K (metrics.tau_bins)
     kinds = "".join(f", {acc[key]} {label}" for key, label in (("plain_steps", "plain"), ("lookup_steps", "lookup"))
                     if acc.get(key))
     table = Table(title=f"{name}: mean tau {acc['mean_tau']:.3f} over {acc['steps']} steps (bonus counted{kinds}), "
                         f"K={K}")
     table.add_column("")
-    for k in range(1, K + 1):
-        table.add_column(str(k), justify="right")
+    for label in bins:
+        table.add_column(label, justify="right")
     table.add_row("tau histogram", *(str(n) for n in acc["tau_histogram"]))
-    table.add_row("accept rate at slot", *(f"{r:.2f}" for r in acc["per_position_acceptance"]), "")
+    # Slots 1..K-1 only: slot K is the bonus's, and the overflow bin has no one slot.
+    table.add_row("accept rate at slot", *(f"{r:.2f}" for r in acc["per_position_acceptance"]), "", "")
     return table
 
 

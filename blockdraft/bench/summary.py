@@ -72,7 +72,7 @@ def merged_acceptance(stats: Sequence[AcceptanceStats], new_tokens: int, seconds
     """
     if not stats:
         return None
-    pooled = AcceptanceStats(max(s.block_size for s in stats))
+    pooled = AcceptanceStats(stats[0].block_size)  # one K per run: merge refuses another
     for s in stats:
         pooled = pooled.merge(s)
     pooled.new_tokens, pooled.seconds = new_tokens, seconds

@@ -1,0 +1,51 @@
+"""AcceptanceStats (blockdraft/metrics.py): the tau convention, the histogram's fixed bins, merging."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockdraft.decode.generate import generate
+from blockdraft.metrics import AcceptanceStats, tau_bins
+from conftest import tiny_draft, tiny_target
+
+
+def test_tau_bins_are_one_to_k_then_an_overflow_bin():
+    assert tau_bins(4) == ["1", "2", "3", "4", ">4"]
+    assert tau_bins(1) == ["1", ">1"], "the target alone (K=1) still has its overflow bin"
+
+
+def test_the_bins_are_k_plus_one_however_wide_the_steps():
+    """A tree of 2K nodes or a lookup block of 12 tokens must not change the bins: rows of one run would print
+    histograms of different lengths, and the header's K would not be the K the user set."""
+    stats = AcceptanceStats(8)
+    stats.record(3, 16)  # a tree of 2K nodes that committed 3 tokens
+    stats.record(12, 12, lookup=True)  # a lookup block that committed 12 tokens
+    stats.record(8)  # the full block, all accepted
+    assert stats.block_size == 8, "K is the block size asked for, never the widest step"
+    assert len(stats.histogram) == 9 and stats.histogram[2] == 1 and stats.histogram[7] == 1, stats.histogram
+    assert stats.histogram[8] == 1, "a step committing more than K tokens belongs in the overflow bin"
+    assert stats.tokens == 3 + 12 + 8 and stats.mean_tau == pytest.approx(23 / 3), "tau still counts every token"
+    assert len(stats.per_position_acceptance()) == 7, "per-position rates cover the draft's slots 1..K-1"
+    assert stats.histogram_text().endswith("8:1 >8:1"), stats.histogram_text()
+    assert stats.as_dict()["tau_bins"] == tau_bins(8)
+
+
+def test_merged_stats_keep_the_shape_and_refuse_another_k():
+    a, b = AcceptanceStats(4), AcceptanceStats(4)
+    a.record(2)
+    b.record(7, 8, lookup=True)
+    merged = a.merge(b)
+    assert merged.block_size == 4 and merged.histogram == [0, 1, 0, 0, 1], merged.histogram
+    with pytest.raises(ValueError, match="K=8"):
+        a.merge(AcceptanceStats(8))  # adding 9 bins to 5 would mislabel every count
+
+
+def test_every_row_and_mode_of_one_k_has_the_same_bins():
+    """Chains, trees of up to 2K nodes and lookup blocks up to 2K wide: the same K in, the same bins out."""
+    target = tiny_target("llama")
+    draft = tiny_draft(target, block_size=4)
+    prompts = [[1, 5, 9, 13, 17, 1, 5, 9], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+    for mode in (dict(), dict(tree=True), dict(tree=True, adaptive=True, lookup=True), dict(lookup=True)):
+        results = generate(target, draft, prompts, max_new_tokens=40, block_size=4, stop_token_ids=[], **mode)
+        shapes = {(r.stats.block_size, len(r.stats.histogram), len(r.stats.slot_reached)) for r in results}
+        assert shapes == {(4, 5, 3)}, f"{mode}: rows of one K must share one shape, got {shapes}"
