@@ -1,10 +1,13 @@
 """Acceptance statistics: the one place that fixes how tau is counted.
 
 Convention: one verify step of one row commits `a + 1` tokens, the `a` accepted draft proposals plus the
-target's own token (the bonus, or the replacement at the first rejection). tau = a + 1, and mean tau counts
-the bonus. Pooled mean tau = committed tokens / verify steps over all rows and prompts; it is the headline
-number. Per-position acceptance at slot k (1..K-1) = P(proposal k accepted | the step got to propose k), i.e.
-steps with tau > k over steps that reached slot k (tau >= k) with a block that had it.
+target's own token (the bonus, or the replacement at the first rejection). tau counts the step's tokens that
+are returned to the caller: where the token budget or a stop token cuts the last step of a row, only the tokens
+before the cut count, as the reference runtime and transformers count them. Mean tau counts the bonus: pooled
+mean tau = returned tokens / verify steps over all rows and prompts (the prefill's first token is no step), and
+it is the headline number. Per-position acceptance at slot k (1..K-1) = P(proposal k accepted | the step got to
+propose k), i.e. steps that accepted slot k over steps whose returned tokens reached slot k (tau >= k) with a
+block that had it.
 
 The histogram has K + 1 bins for every run at block size K, whatever its steps did: tau = 1..K, then one
 overflow bin ">K" (`tau_bins`) for steps that commit more than K tokens. Only a prompt-lookup block
@@ -33,7 +36,7 @@ def tau_bins(block_size: int) -> list[str]:
 class AcceptanceStats:
     block_size: int  # K as the decode was asked for: it fixes the bins, whatever width the steps verified
     histogram: list[int] = field(default_factory=list)  # [K + 1]: [t - 1] = steps with tau == t; [K]: tau > K
-    tokens: int = 0  # committed tokens counted toward tau (bonus included)
+    tokens: int = 0  # returned tokens counted toward tau (bonus included, the prefill's token not)
     seconds: float = 0.0  # wall time of the decode, prefill included
     new_tokens: int = 0  # tokens returned to the caller (after stop/budget truncation)
     slot_reached: list[int] = field(default_factory=list)  # [K-1]: steps that reached slot k = 1..K-1
@@ -53,18 +56,21 @@ class AcceptanceStats:
                              f"{self.block_size - 1} slots, got {len(self.histogram)} and {len(self.slot_reached)}; "
                              "build it from the block size alone")
 
-    def record(self, tau: int, width: int | None = None, lookup: bool = False) -> None:
-        """Count one verify step of one row that committed `tau` tokens from a block of `width` slots
-        (anchor included; None: the full block), proposed by a prompt lookup when `lookup`."""
+    def record(self, tau: int, width: int | None = None, lookup: bool = False, committed: int | None = None) -> None:
+        """Count one verify step of one row that returned `tau` tokens (>= 1) from a block of `width` slots
+        (anchor included; None: the full block), proposed by a prompt lookup when `lookup`. `committed` is how
+        many tokens the step accepted before the budget or a stop token cut it (None: `tau`, no cut): a slot
+        whose token was returned counts as accepted when the step accepted it, even where the cut came next."""
         width = self.block_size if width is None else width
+        committed = tau if committed is None else committed
         self.histogram[min(tau, self.block_size + 1) - 1] += 1  # tau > K lands in the overflow bin
         self.tokens += tau
         self.plain_steps += width == 1
         self.lookup_steps += lookup and width > 1
-        # Slots 1..min(tau, w-1) were reached; only the draft's K-1 are broken out.
+        # Slots 1..min(tau, w-1) were reached within the returned tokens; only the draft's K-1 are broken out.
         for k in range(1, min(tau, width - 1, self.block_size - 1) + 1):
             self.slot_reached[k - 1] += 1
-            self.slot_accepted[k - 1] += tau > k
+            self.slot_accepted[k - 1] += committed > k
 
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
         # Another K's bins mean other taus: adding them bin for bin would mislabel every count.

@@ -170,9 +170,9 @@ def blockdraft_generate(target, draft, ids: list[int], monkeypatch):
     taus: list[int] = []
     record = AcceptanceStats.record
 
-    def logged(self, tau, width=None, lookup=False):
+    def logged(self, tau, *args, **kwargs):
         taus.append(tau)
-        record(self, tau, width, lookup)
+        record(self, tau, *args, **kwargs)
 
     monkeypatch.setattr(AcceptanceStats, "record", logged)
     out = blockdraft.generate(target, draft, ids, max_new_tokens=NEW_TOKENS, adaptive=False, lookup=False,
@@ -195,12 +195,11 @@ def test_transformers_dflash_generate_equals_target_and_blockdraft(prompt, smoll
     assert theirs == greedy, "transformers' speculative output must be the target's own greedy tokens"
     assert ours.tokens == greedy, "blockdraft's speculative output must be the target's own greedy tokens"
     # Same draft, same chain of K-1 proposals per step: the same verify steps accept the same counts. Our tau
-    # counts the bonus (metrics.py), theirs is accepted proposals; their last step is cut to the budget
-    # before counting, ours counts what the verify accepted and drops the excess when returning tokens.
+    # counts the bonus (metrics.py), theirs is accepted proposals; both count only the returned tokens of the
+    # last step, which the budget cuts.
     assert len(accepted) == len(taus) == ours.stats.steps
-    assert [n + 1 for n in accepted[:-1]] == taus[:-1], "per-step acceptance differs from transformers'"
-    room = NEW_TOKENS - 1 - sum(taus[:-1])  # tokens left for the last step (the prefill made one)
-    assert accepted[-1] + 1 == min(taus[-1], room)
+    assert [n + 1 for n in accepted] == taus, "per-step acceptance differs from transformers'"
+    assert sum(taus) + 1 == ours.stats.tokens + 1 == NEW_TOKENS, "tau counts the returned tokens, the prefill's not"
     assert sum(n + 1 for n in accepted) + 1 == len(theirs) == NEW_TOKENS
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from blockdraft.decode.generate import generate
 from blockdraft.metrics import AcceptanceStats, tau_bins
-from conftest import tiny_draft, tiny_target
+from conftest import ScriptedDrafter, tiny_draft, tiny_target
 
 
 def test_tau_bins_are_one_to_k_then_an_overflow_bin():
@@ -49,3 +49,40 @@ def test_every_row_and_mode_of_one_k_has_the_same_bins():
         results = generate(target, draft, prompts, max_new_tokens=40, block_size=4, stop_token_ids=[], **mode)
         shapes = {(r.stats.block_size, len(r.stats.histogram), len(r.stats.slot_reached)) for r in results}
         assert shapes == {(4, 5, 3)}, f"{mode}: rows of one K must share one shape, got {shapes}"
+
+
+class PerfectDrafter(ScriptedDrafter):
+    """Right at every slot: each step commits the full K tokens, so a budget or a stop can cut one mid-block."""
+
+    def propose(self, *args, **kwargs):
+        self.calls = self.block_size - 1  # ScriptedDrafter is right for the first calls % K slots
+        return super().propose(*args, **kwargs)
+
+
+def test_a_cut_step_counts_only_its_returned_tokens():
+    stats = AcceptanceStats(4)
+    stats.record(2, 4, committed=4)  # the step accepted all 3 proposals; the budget kept 2 tokens
+    assert stats.histogram == [0, 1, 0, 0, 0] and stats.tokens == 2, "tau counts the returned tokens only"
+    assert stats.slot_reached == [1, 1, 0] and stats.slot_accepted == [1, 1, 0], (
+        "slot 2's token was returned and accepted: the cut after it is no rejection")
+
+
+@pytest.mark.parametrize("cut", ["budget", "stop"])
+def test_mean_tau_is_returned_tokens_over_steps(cut):
+    """A last step cut by the budget (or a stop token) must count only the tokens the caller got, as the reference
+    runtime and transformers count them: tau = returned new tokens, less the prefill's, over steps."""
+    target = tiny_target("llama")
+    prompt = [3, 4]
+    base = generate(target, None, [prompt], max_new_tokens=12, stop_token_ids=[])[0].tokens
+    stop = []
+    if cut == "stop":  # the first token not seen before it, past the first full step
+        stop = [next(t for i, t in enumerate(base) if i >= 6 and t not in base[:i])]  # cuts the second step
+    out = generate(target, PerfectDrafter([prompt + base], 4), [prompt], max_new_tokens=6 if cut == "budget" else 12,
+                   block_size=4, stop_token_ids=stop)[0]
+    stats = out.stats
+    assert stats.tokens == len(out.tokens) - 1 == stats.new_tokens - 1, (
+        f"tau must count the {len(out.tokens) - 1} returned tokens after the prefill's, got {stats.tokens}")
+    assert stats.mean_tau == pytest.approx((len(out.tokens) - 1) / stats.steps)
+    assert out.finish_reason == ("length" if cut == "budget" else "stop")
+    assert stats.steps == 2 and stats.histogram[3] == 1 and stats.histogram[4] == 0, (
+        f"one full step of 4, then a step cut short: {stats.histogram}")

@@ -61,7 +61,8 @@ class DecodeState:
         proposals came from a prompt lookup.
 
         Tokens past a stop token or past the row's budget are computed but not returned, and end the row.
-        Lengths advance by the full count: the row is finished then, so its state is never read again.
+        Lengths advance by the full count: the row is finished then, so its state is never read again. The step's
+        tau counts only the returned tokens (metrics.py), as the reference runtime and transformers count it.
         """
         C = candidates.shape[1]
         slots = (self.lengths[:, None] + torch.arange(C, device=counts.device)).clamp(max=self.tokens.shape[1] - 1)
@@ -71,14 +72,14 @@ class DecodeState:
         events = []
         for b, (row, n, new) in enumerate(zip(self.row_ids.tolist(), counts.tolist(), candidates.tolist())):
             result = self.results[row]
-            if stats is not None:
-                stats[row].record(n, width, lookup)
             new = new[: min(n, self.budgets[row] - len(result.tokens))]
             for i, token in enumerate(new):
                 if token in self.stop_ids:
                     new = new[: i + 1]
                     result.finish_reason = "stop"
                     break
+            if stats is not None:  # after the cut: a step that ran past the budget counts what it returned
+                stats[row].record(len(new), width, lookup, committed=n)
             result.tokens.extend(new)
             if result.finish_reason is None and len(result.tokens) >= self.budgets[row]:
                 result.finish_reason = "length"

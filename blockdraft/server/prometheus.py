@@ -2,8 +2,9 @@
 
 Four families of numbers: HTTP requests (by route and status, with a latency histogram), tokens (prompt and
 completion), decode batches, and acceptance. Acceptance pools every row of every batch into one
-`AcceptanceStats`, so `blockdraft_tau` is the histogram of tau over 1..K with `_sum` = committed tokens and
-`_count` = verify steps: `_sum / _count` is the pooled mean tau, bonus included (blockdraft.metrics).
+`AcceptanceStats`, so `blockdraft_tau` is the histogram of tau over 1..K (steps past K only in +Inf) with `_sum` =
+returned tokens and `_count` = verify steps: `_sum / _count` is the pooled mean tau, bonus included
+(blockdraft.metrics).
 Routes outside the served set are counted as "other", so a scan of random paths cannot grow the label set.
 """
 
