@@ -150,6 +150,33 @@ def test_every_method_reports_the_same_bins_at_the_k_asked_for(bench_out):
         assert [c.header for c in table.columns] == ["", "1", "2", "3", "4", ">4"], name
 
 
+def test_differing_prompts_are_counted_per_method_out_of_the_prompts():
+    """Three methods differing on 1, 2 and 2 of 2 prompts: each says how many of the 2 prompts it changed; a sum
+    over methods ("5 prompt(s) differ" with 2 prompts) counts no prompt set at all."""
+    from rich.console import Console
+
+    from blockdraft.bench.report import build_document, mismatch_lines, render
+    from blockdraft.bench.runner import BenchRun
+
+    tokens = {"ours-baseline": [[5, 6, 7], [8, 9]], "hf-generate": [[5, 6, 7], [8, 3]],
+              "blockdraft": [[5, 0, 7], [8]], "blockdraft-lookup": [[1, 6, 7], [8, 9, 4]]}
+    rows = [{"batch": b, "method": m, "new_tokens": [len(tokens[m][b])], "seconds": 1.0, "tokens_per_second": 3.0}
+            for m in tokens for b in (0, 1)]
+    run = BenchRun(list(tokens), ["set:a", "set:b"], rows, tokens)
+    hardware = {"device": "cpu", "torch": "x", "transformers": "y"}
+    document = build_document(run, BenchSettings(block_size=4, max_new_tokens=3), hardware=hardware, context={},
+                              notes=[])
+    assert mismatch_lines(document)[:3] == [
+        "hf-generate: 1 of 2 prompts differs from ours-baseline (set:b from new token 1)",
+        "blockdraft: 2 of 2 prompts differ from ours-baseline (set:a from new token 1, set:b from new token 1)",
+        "blockdraft-lookup: 2 of 2 prompts differ from ours-baseline (set:a from new token 0, set:b from new token 2)",
+    ], mismatch_lines(document)
+    console = Console(record=True, width=200)
+    render(document, console)
+    text = console.export_text()
+    assert "blockdraft: 2 of 2 prompts differ" in text and "5 prompt" not in text, text
+
+
 def test_methods_subset_keeps_the_references_and_base_order(tmp_path):
     assert choose_methods(None) == METHODS
     assert choose_methods("blockdraft-lookup, hf-prompt-lookup") == (

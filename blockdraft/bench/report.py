@@ -130,10 +130,28 @@ def render(document: dict, console: Console) -> None:
         console.print(_acceptance_table(name, acc))
     for note in document["notes"]:
         console.print(f"[yellow]note: {note}[/yellow]")
-    if document["mismatches"]:
-        console.print(f"[yellow]{len(document['mismatches'])} prompt(s) differ from ours-baseline "
-                      "(bf16 near-ties can flip; --dtype float32 checks bit for bit on CPU, and `generate --compare` "
-                      "names a difference's margin); see bench.json[/yellow]")
+    for line in mismatch_lines(document):
+        console.print(f"[yellow]{line}[/yellow]")
+
+
+def mismatch_lines(document: dict) -> list[str]:
+    """Per method, how many of the run's prompts differ from ours-baseline, then why they may (none: all agree).
+
+    Counted per method over the N prompts: a sum over methods would report more differing prompts than there are.
+    """
+    where: dict[str, list[str]] = {}
+    for m in document["mismatches"]:  # one entry per (method, prompt)
+        where.setdefault(m["method"], []).append(f"{m['prompt']} from new token {m['first_difference']}")
+    if not where:
+        return []
+    n = document["settings"]["prompts"]
+    lines = []
+    for name, found in where.items():
+        shown = ", ".join(found[:3]) + (f", and {len(found) - 3} more" if len(found) > 3 else "")
+        verb = "differs" if len(found) == 1 else "differ"
+        lines.append(f"{name}: {len(found)} of {n} prompt{'s' if n != 1 else ''} {verb} from ours-baseline ({shown})")
+    return lines + ["(bf16 near-ties can flip; --dtype float32 checks bit for bit on CPU, and `generate --compare` "
+                    "names a difference's margin); see bench.json's mismatches"]
 
 
 def _speed_table(document: dict) -> Table:
