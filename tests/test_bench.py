@@ -177,6 +177,42 @@ def test_differing_prompts_are_counted_per_method_out_of_the_prompts():
     assert "blockdraft: 2 of 2 prompts differ" in text and "5 prompt" not in text, text
 
 
+def test_no_label_of_the_plot_collides_with_another():
+    """Every method's name on the speedup panel, every tick, title and the legend: no two may overlap, none may
+    leave the figure, and the legend may cover no panel (it hid the tallest tau bars)."""
+    from blockdraft.bench.plot import draw
+    from blockdraft.metrics import tau_bins
+
+    histogram = [30, 22, 20, 18, 15, 12, 10, 27, 19]
+    acc = {"block_size": 8, "mean_tau": 4.9, "steps": sum(histogram), "tau_bins": tau_bins(8),
+           "tau_histogram": histogram, "per_position_acceptance": [0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6]}
+    document = {"settings": {"prompt_set": "mt-bench", "prompts": 80, "block_size": 8, "max_new_tokens": 256,
+                             "batch_size": 1, "dtype": "bfloat16"},
+                "hardware": {"device": "NVIDIA H100 80GB HBM3"}, "date": "2025-06-01T12:00:00+00:00",
+                "summary": {name: {"speedup_vs_hf_generate": {"median": 1 + i / 3, "min": 0.9 + i / 3,
+                                                             "max": 1.1 + i / 3}} for i, name in enumerate(METHODS)},
+                "acceptance": {name: acc for name in METHODS[3:]}}
+    figure = draw(document)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+
+    def shown(axis):  # the tick labels drawn: matplotlib keeps some past the view limits, never drawn
+        low, high = sorted(axis.get_view_interval())
+        return [t for at, t in zip(axis.get_majorticklocs(), axis.get_majorticklabels()) if low <= at <= high]
+
+    texts = [t for axes in figure.axes for t in (*shown(axes.xaxis), *shown(axes.yaxis), axes.title,
+                                                  axes.xaxis.label, axes.yaxis.label) if t.get_text()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    assert [t for t, _ in boxes].count("blockdraft-lookup") == 1, "every method is named on the speedup panel"
+    page = figure.bbox
+    for i, (a, box) in enumerate(boxes):
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, f"{a!r} is cut"
+        for b, other in boxes[i + 1:]:
+            assert not box.overlaps(other), f"labels {a!r} and {b!r} collide"
+    legend = figure.legends[0].get_window_extent(renderer)
+    assert not any(legend.overlaps(axes.get_window_extent(renderer)) for axes in figure.axes), "legend hides a panel"
+
+
 def test_methods_subset_keeps_the_references_and_base_order(tmp_path):
     assert choose_methods(None) == METHODS
     assert choose_methods("blockdraft-lookup, hf-prompt-lookup") == (

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+DPI = 110
+
 
 def save_plot(document: dict, out_dir: str | Path) -> Path:
+    path = Path(out_dir) / "bench.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draw(document).savefig(path, dpi=DPI)
+    return path
+
+
+def draw(document: dict):
+    """The figure of bench.png: three panels side by side, the acceptance legend below them."""
     # The Agg canvas directly, never pyplot: no GUI backend, no global figure state, safe on a headless machine.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 4.5), layout="constrained")
+    # Wide enough for three panels side by side; the acceptance legend goes below them, not over the bars.
+    figure = Figure(figsize=(16, 5.5), layout="constrained")
     FigureCanvasAgg(figure)
     tau_axes, position_axes, speed_axes = figure.subplots(1, 3)
     _acceptance(document, tau_axes, position_axes)
@@ -18,10 +29,7 @@ def save_plot(document: dict, out_dir: str | Path) -> Path:
     s, hw = document["settings"], document["hardware"]
     figure.suptitle(f"{s.get('prompt_set')} x{s['prompts']}, K={s['block_size']}, N={s['max_new_tokens']}, "
                     f"batch {s['batch_size']}, {s.get('dtype')} | {hw['device']} | {document['date']}", fontsize=9)
-    path = Path(out_dir) / "bench.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    return path
+    return figure
 
 
 def _acceptance(document: dict, tau_axes, position_axes) -> None:
@@ -35,14 +43,16 @@ def _acceptance(document: dict, tau_axes, position_axes) -> None:
         tau_axes.bar([t + offset for t in range(1, K + 2)], [n / steps for n in acc["tau_histogram"]], width,
                      label=f"{name} (mean tau {acc['mean_tau']:.2f})")
         tau_axes.set_xticks(range(1, K + 2), acc["tau_bins"])
+        position_axes.set_xticks(range(1, K))  # whole slots, not 1.25
         position_axes.plot(range(1, K), acc["per_position_acceptance"], marker="o", label=name)
     tau_axes.set(title="tau histogram (bonus counted)", xlabel="tau", ylabel="fraction of steps")
     position_axes.set(title="per-position acceptance", xlabel="draft slot k", ylabel="P(accept k | reached k)",
                       ylim=(0, 1.05))
-    for axes in (tau_axes, position_axes):
-        if accepted:
-            axes.legend(fontsize=8)
-        else:
+    if accepted:  # one legend for both panels, below the figure: inside either it hides the tallest bars
+        handles, labels = tau_axes.get_legend_handles_labels()
+        tau_axes.figure.legend(handles, labels, loc="outside lower center", ncols=min(count, 3), fontsize=8)
+    else:
+        for axes in (tau_axes, position_axes):
             axes.text(0.5, 0.5, "no speculative method ran", ha="center", transform=axes.transAxes)
 
 
@@ -56,7 +66,14 @@ def _speedups(document: dict, axes) -> None:
         medians.append(speedup["median"])
         low.append(speedup["median"] - speedup["min"])
         high.append(speedup["max"] - speedup["median"])
-    axes.bar(names, medians, yerr=[low, high], capsize=4, color="tab:blue")
-    axes.axhline(1.0, color="grey", linewidth=0.8)
-    axes.set(title="speedup vs hf-generate (median, min-max)", ylabel="x")
-    axes.tick_params(axis="x", labelrotation=20, labelsize=8)
+    # Horizontal bars: each method's name gets a row of its own, however long, so no two labels can collide.
+    rows = range(len(names))
+    axes.barh(rows, medians, xerr=[low, high], capsize=3, color="tab:blue")
+    axes.set_yticks(rows, names, fontsize=8)
+    axes.invert_yaxis()  # the first method on top, as in the tables
+    for row, median, above in zip(rows, medians, high):
+        axes.annotate(f"{median:.2f}x", (median + above, row), xytext=(4, 0), textcoords="offset points",
+                      va="center", fontsize=8)
+    axes.axvline(1.0, color="grey", linewidth=0.8)
+    axes.margins(x=0.15)  # room for the value labels past the longest whisker
+    axes.set(title="speedup vs hf-generate (median, min-max)", xlabel="x")
