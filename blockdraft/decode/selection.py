@@ -38,16 +38,6 @@ RANK_TEMPERATURE = 1.5
 SAMPLERS = ("auto", "coupled", "rejection")
 
 
-def is_coupled(sampler: str, greedy: bool, seeded: bool) -> bool:
-    """Whether to sample coupled: `sampler` "coupled", or "auto" with a seed from the user, so that the seed gives
-    the target's own sample of that seed (in float32; up to rounding at near-ties in 16-bit floats); "rejection"
-    samples the draft's proposals and tests them against p (docs/design.md §3). Greedy decoding is neither."""
-    if sampler not in SAMPLERS:
-        raise InputError(f"`sampler` must be one of {', '.join(SAMPLERS)}, got {sampler!r}; use auto (coupled "
-                         "when seeded, rejection otherwise)")
-    return not greedy and (sampler == "coupled" or (sampler == "auto" and seeded))
-
-
 class Selector:
     """Greedy (temperature 0) or sampled selection for rows identified by the caller's row ids.
 
