@@ -63,6 +63,31 @@ def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(fol
     assert got == code and words in out and "the target's margin" in out, out
 
 
+def test_generate_compare_prints_both_texts_and_names_the_differing_token(folders, capsys, monkeypatch):
+    """Where the outputs differ, both completions are printed under their labels and the first differing token is
+    named by its text as well as its id: ids alone tell a reader nothing, and one text hides the other."""
+    import blockdraft.commands.generate as command
+
+    original, seen = command._run, {}
+
+    def wrong_speculative(decoder, ids, max_new_tokens, **kw):  # the fourth new token becomes another character
+        tokens, rows, stats = original(decoder, ids, max_new_tokens, **kw)
+        if decoder.speculative:
+            tokens[0][3] = 3 + (tokens[0][3] - 2) % 92  # ids 3..94 are the printable characters
+        seen["speculative" if decoder.speculative else "alone"] = list(tokens[0])
+        return tokens, rows, stats
+
+    monkeypatch.setattr(command, "_run", wrong_speculative)
+    target, draft = folders
+    _, out, _ = run(capsys, "generate", "xyz", "--target", target, "--draft", draft, "--dtype", "bfloat16",
+                    "--max-new-tokens", "8", "--compare")
+    tokenizer, alone, spec = char_tokenizer(), seen["alone"], seen["speculative"]
+    assert (f"=== [target alone] prompt 1:\n{tokenizer.decode(alone, skip_special_tokens=True)}\n"
+            f"=== [speculative] prompt 1:\n{tokenizer.decode(spec, skip_special_tokens=True)}\n") in out, out
+    assert (f"new token 3: {tokenizer.decode([alone[3]])!r} (id {alone[3]}) alone, "
+            f"{tokenizer.decode([spec[3]])!r} (id {spec[3]}) speculative") in out, out
+
+
 def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(folders, capsys, tmp_path):
     target, draft = folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",

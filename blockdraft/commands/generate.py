@@ -82,7 +82,8 @@ def run(args) -> int:
         else:
             split = _split(spec, ids, base_tokens, spec_tokens)
             bug = split is None or (exact and not is_rounding(split, dtype))
-            same = _describe_split(split, dtype, bug)
+            print(_both_texts(target.tokenizer, base_tokens, spec_tokens))
+            same = _describe_split(split, dtype, bug, target.tokenizer)
         print(f"speedup {ratio:.2f}x  (outputs {same}; K={block}, {options.describe()}, "
               f"{spec_stats.new_tokens} new tokens, {hardware})")
         return 1 if bug else 0
@@ -107,11 +108,11 @@ def _split(decoder: Decoder, ids, base_tokens, spec_tokens) -> Split | None:
     return first_split(decoder.target, ids, base_tokens, spec_tokens, pick_scores)
 
 
-def _describe_split(split: Split | None, dtype, bug: bool) -> str:
+def _describe_split(split: Split | None, dtype, bug: bool, tokenizer) -> str:
     if split is None:  # equal where both ran, but one ran longer: a stop or budget handled differently
         return "DIFFERENT in length only (a bug: please report it with this command)"
-    where = (f"prompt {split.row + 1}, new token {split.index}: {split.base_token} alone, {split.other_token} "
-             f"speculative, the target's margin {abs(split.margin):.3g}")
+    where = (f"prompt {split.row + 1}, new token {split.index}: {_token_text(tokenizer, split.base_token)} alone, "
+             f"{_token_text(tokenizer, split.other_token)} speculative, the target's margin {abs(split.margin):.3g}")
     if bug:
         return f"DIFFERENT in float32 beyond rounding at {where} (a bug: please report it with this command)"
     if dtype == torch.float32:
@@ -203,3 +204,19 @@ def _summary(label: str, stats: AcceptanceStats, block, hardware: str, rows: int
             looked = f", {stats.lookup_steps} lookup" if stats.lookup_steps else ""
             line += f", adaptive: {stats.plain_steps} of {stats.steps} steps plain{looked}, {drafted} drafted"
     return f"{line} | {hardware}"
+
+
+def _token_text(tokenizer, token: int) -> str:
+    """One token as the reader sees it, and its id: repr shows a space or a newline that plain text would hide."""
+    return f"{tokenizer.decode([token])!r} (id {token})"
+
+
+def _both_texts(tokenizer, base_tokens: list[list[int]], spec_tokens: list[list[int]]) -> str:
+    """Both completions of every prompt whose runs differ, each under the run's label: the first differing
+    token is easier to judge in its sentence than alone."""
+    blocks = []
+    for row, (base, spec) in enumerate(zip(base_tokens, spec_tokens)):
+        if base != spec:
+            blocks += [f"=== [target alone] prompt {row + 1}:", tokenizer.decode(base, skip_special_tokens=True),
+                       f"=== [speculative] prompt {row + 1}:", tokenizer.decode(spec, skip_special_tokens=True)]
+    return "\n".join(blocks)
