@@ -1,16 +1,37 @@
-"""Shared fixtures: tiny random Llama and Qwen3 targets, drafts over them, and a scripted fake drafter."""
+"""Shared fixtures and helpers: tiny random Llama and Qwen3 targets, drafts over them, a scripted fake drafter,
+and what several test modules share (training data and checkpoints, the server, exact sampling, width policies).
+
+Fixtures here reach every test module without an import; plain helpers and constants are imported with
+`from conftest import ...`. No test module imports from another.
+"""
 
 from __future__ import annotations
 
+import json
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
 import pytest
 import torch
 
 from blockdraft.decode.costs import linear_costs
-
+from blockdraft.decode.lookup import PromptLookup
 from blockdraft.model.target import Target
+from blockdraft.sampling import SamplingParams, logits_to_probs
+
+if TYPE_CHECKING:
+    from blockdraft.model.draft import DFlashDraftModel
+    from blockdraft.train.trainer import TrainConfig
 
 # Tiny models are dominated by thread hand-offs: one thread is many times faster, above all on shared cores.
 torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tiny targets, drafts over them, a scripted drafter and a character tokenizer (most test modules)
 
 VOCAB = 96
 
@@ -127,3 +148,238 @@ def char_tokenizer():
     tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
                                "{% if add_generation_prompt %}<assistant>{% endif %}")
     return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Width policies and lookups that visit every kind of step (test_sampling_decode, test_lookup, test_policy)
+
+
+class CyclingWidth:
+    """A verify-width policy that cycles 1, 2, ..., K: every width, plain steps included, within a few steps."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size, self.calls = block_size, 0
+
+    def choose(self) -> int:
+        self.calls += 1
+        return 1 + (self.calls - 1) % self.block_size
+
+    def at_batch(self, rows) -> None:
+        pass
+
+    def observe(self, width, num_accepted, within=None) -> None:
+        pass
+
+
+class AlternatingLookup(PromptLookup):
+    """Takes every other step it can, at widths cycling 1..K: lookup, drafted and plain steps interleave."""
+
+    def __init__(self, block_size: int, policy=None) -> None:
+        super().__init__(block_size, policy=policy or CyclingWidth(block_size), min_ngram=1)
+        self.asked = 0
+
+    def preferred_over(self, draft_policy) -> bool:
+        self.asked += 1
+        return self.asked % 2 == 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Training data, configs and checkpoints (test_trainer, test_kd, test_resume, test_dpace, test_train_vocab,
+# test_train_evaluate)
+
+MASK = VOCAB - 1
+
+
+def write_data(folder: Path, count: int = 12, seed: int = 0, period: int = 5, empty: tuple[int, ...] = ()) -> Path:
+    """Shards of prompt + a periodic response (learnable from the anchor alone); `empty` rows have no response mask."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "data-00000.jsonl", "w") as handle:
+        for i in range(count):
+            prompt = [1] + [rng.randrange(3, 60) for _ in range(rng.randrange(2, 6))]
+            start = rng.randrange(period)
+            response = [60 + (start + j) % period for j in range(rng.randrange(12, 30))] + [2]
+            mask = [0] * (len(prompt) + len(response)) if i in empty else [0] * len(prompt) + [1] * len(response)
+            handle.write(json.dumps({"id": f"ex{i}", "input_ids": prompt + response, "loss_mask": mask}) + "\n")
+    return folder
+
+
+def config(tmp_path: Path, name: str = "out", **overrides) -> TrainConfig:
+    """A few-step training config over `tmp_path / "data"`, writing to `tmp_path / name`; `overrides` win."""
+    from blockdraft.train.trainer import TrainConfig
+
+    values = dict(data_dirs=tmp_path / "data", out_dir=tmp_path / name, num_draft_layers=2, block_size=8, anchors=6,
+                  max_seq_len=48, lr=2e-3, epochs=2, batch_size=4, save_every=1000, eval_every=1000, log_every=2,
+                  val_fraction=0.0, mask_token_id=MASK)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def tensors(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, by name."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+def assert_same_update(a: Path, b: Path, why: str) -> None:
+    """Same gradients (AdamW's moments: averaged gradients and squares) and the same weights.
+
+    Moments get a tolerance of 1e-6 of each tensor's largest entry (fp32 summation order differs); a wrong
+    normaliser is off by a factor. Weights get atol 1e-6 at lr 1e-4: Adam's g / (|g| + eps) turns rounding in
+    near-zero gradients into differences proportional to lr, so the moments are the sharp comparison.
+    """
+    for file in ("trainer_state.safetensors", "model.safetensors"):
+        x, y = tensors(a / "checkpoint" / file), tensors(b / "checkpoint" / file)
+        assert x.keys() == y.keys()
+        for name in x:
+            atol = 1e-6 * float(x[name].abs().max()) if file.startswith("trainer") else 1e-6
+            torch.testing.assert_close(y[name], x[name], rtol=1e-5, atol=atol, msg=f"{file}:{name}: {why}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The OpenAI-compatible server on a tiny target, in-process (test_server, test_server_refusals,
+# test_server_batching)
+
+MODEL = "tiny"
+LIMIT = 64  # the server's max_tokens limit in these tests
+BODY_LIMIT = 4096
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The served (target, draft): a tiny llama target with the character tokenizer, and a K = 8 draft."""
+    target = tiny_target("llama")
+    target.tokenizer = char_tokenizer()
+    return target, tiny_draft(target, block_size=8)
+
+
+@pytest.fixture(scope="module")
+def client(model):
+    """An in-process client of the server over `model`, with this group's limits."""
+    from fastapi.testclient import TestClient
+
+    from blockdraft.server import create_app
+
+    target, draft = model
+    app = create_app(target, draft, model_id=MODEL, max_batch=8, max_tokens_limit=LIMIT, max_body_bytes=BODY_LIMIT)
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def chat_body(content="Hello", **extra):
+    """A greedy 12-token chat request with one user message; `extra` fields are added."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 12,
+            **extra}
+
+
+def text_body(prompt="Once upon", **extra):
+    """A greedy 12-token completions request; `extra` fields are added."""
+    return {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 12, **extra}
+
+
+def sse_payloads(response) -> list:
+    """The JSON payloads of a server-sent event stream; the final `[DONE]` is checked and dropped."""
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]", "an OpenAI stream must end with data: [DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+def streamed_text(payloads, chat: bool) -> str:
+    """The text of a stream's payloads, chunks concatenated (chat deltas or completion texts)."""
+    key = (lambda c: c["delta"].get("content", "")) if chat else (lambda c: c["text"])
+    return "".join(key(choice) for p in payloads for choice in p["choices"])
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    """Poll `condition` until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Exact sampling (test_sampling_decode, test_lookup): a tiny vocabulary whose joint over a few tokens is
+# enumerable, the target's exact joint, and a chi-square test of sampled counts against it
+
+ALPHA = 0.01
+SMALL_VOCAB = 6  # joint of 3 tokens = 216 cells: enumerable, and thousands of rows fill them
+NUM_TOKENS = 3
+NUM_ROWS = 8000
+
+
+@pytest.fixture(scope="module")
+def small_models() -> tuple[Target, DFlashDraftModel]:
+    """A 6-token target with peaked (not uniform) distributions, and a 1-layer draft whose q differs from p."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from blockdraft.config import DraftConfig
+    from blockdraft.model.draft import DFlashDraftModel
+
+    torch.manual_seed(0)
+    hf_config = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    model = LlamaForCausalLM(hf_config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # random init is near uniform; scaled, the first token's top p is ~0.5
+    target = Target(model.float().eval())
+    cfg = DraftConfig.for_target(target.config, num_draft_layers=1, block_size=4, mask_token_id=SMALL_VOCAB - 1)
+    draft = DFlashDraftModel(cfg)
+    draft.init_weights(generator=torch.Generator().manual_seed(1))
+    return target, draft.float().eval()
+
+
+@torch.inference_mode()
+def exact_joint(target: Target, prompt: list[int], params: SamplingParams, num_tokens: int) -> np.ndarray:
+    """P(t1..tn | prompt) for every continuation, flat [V**n] in lexicographic order, from plain HF forwards.
+
+    p(t1..tn) = prod_i p(t_i | prompt, t1..t_(i-1)), each factor the same logits_to_probs transform the decode
+    loop applies, over the model's own forward rather than blockdraft's cached one: an independent oracle.
+    """
+    V = target.config.vocab_size
+    joint = torch.ones(1, dtype=torch.float64)  # [V**i]: probability of each length-i prefix
+    prefixes = torch.tensor([prompt])  # [V**i, P + i]
+    for _ in range(num_tokens):
+        probs = logits_to_probs(target.model(prefixes).logits[:, -1], params).double()  # [V**i, V]
+        joint = (joint[:, None] * probs).reshape(-1)
+        grown = prefixes.repeat_interleave(V, dim=0)
+        prefixes = torch.cat([grown, torch.arange(V).repeat(prefixes.shape[0])[:, None]], dim=1)
+    return joint.numpy()
+
+
+def goodness_of_fit(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square p-value of counts against exact probabilities; cells expecting < 5 are pooled into one."""
+    from scipy.stats import chisquare
+
+    # A sample in a cell the filters give probability 0 is a bug whatever the statistics say.
+    impossible = counts[probs == 0].sum()
+    assert impossible == 0, f"{impossible} samples have probability 0 under the target's filtered distribution"
+    expected = probs / probs.sum() * counts.sum()
+    big = expected >= 5
+    observed, wanted = list(counts[big]), list(expected[big])
+    pooled_observed, pooled_expected = counts[~big].sum(), expected[~big].sum()
+    if pooled_expected >= 5:
+        observed.append(pooled_observed)
+        wanted.append(pooled_expected)
+    elif pooled_expected > 0:  # too little to stand alone: join the smallest kept cell
+        smallest = int(np.argmin(wanted))
+        observed[smallest] += pooled_observed
+        wanted[smallest] += pooled_expected
+    return float(chisquare(observed, wanted).pvalue)
+
+
+def final_draw_from_p(p, tokens, parents, generator=None):
+    """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
+    rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
+    from blockdraft.sampling.tree import deepest_node
+    from blockdraft.sampling import sample
+    from blockdraft.sampling.tree import tree_sample
+
+    ok, _ = tree_sample(p, tokens, parents, generator)
+    deepest = deepest_node(ok)
+    return ok, sample(p[torch.arange(p.shape[0]), deepest], generator)

@@ -12,8 +12,7 @@ from blockdraft.train.objective import block_targets, dpace_weights, sample_anch
 from blockdraft.train.settings import TrainConfig
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, tiny_target
-from test_trainer import config, write_data
+from conftest import VOCAB, config, tiny_target, write_data
 
 K = 6
 

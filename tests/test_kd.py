@@ -14,8 +14,7 @@ from blockdraft.train.forward import split_teacher, target_features
 from blockdraft.train.objective import block_targets, sample_anchors, teacher_positions, weighted_loss
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, tiny_target
-from test_trainer import assert_same_update, config, tensors, write_data
+from conftest import VOCAB, assert_same_update, config, tensors, tiny_target, write_data
 
 B, S, A, K, D = 2, 24, 5, 6, 16
 

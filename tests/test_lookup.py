@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,24 +10,14 @@ from blockdraft.decode.generate import generate
 from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
 from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
+from blockdraft.decode.selection import Selector
+from blockdraft.sampling import SamplingParams
 
-from conftest import COSTS, ScriptedDrafter, tiny_draft, tiny_target
-from test_sampling_decode import CyclingWidth, small_models  # noqa: F401 (a fixture)
+from conftest import (ALPHA, COSTS, NUM_ROWS, NUM_TOKENS, AlternatingLookup, CyclingWidth, ScriptedDrafter,
+                      exact_joint, final_draw_from_p, goodness_of_fit, tiny_draft, tiny_target)
 
 # Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
-
-
-class AlternatingLookup(PromptLookup):
-    """Takes every other step it can, at widths cycling 1..K: lookup, drafted and plain steps interleave."""
-
-    def __init__(self, block_size: int, policy=None) -> None:
-        super().__init__(block_size, policy=policy or CyclingWidth(block_size), min_ngram=1)
-        self.asked = 0
-
-    def preferred_over(self, draft_policy) -> bool:
-        self.asked += 1
-        return self.asked % 2 == 1
 
 
 def ids(*values: int) -> torch.Tensor:
@@ -213,11 +204,7 @@ def test_lookup_steps_at_every_width_keep_greedy_exact():
 LOOKUP_PROMPT = [3, 0, 4, 2, 5, 1, 3]
 
 
-def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> "np.ndarray":
-    from test_sampling_decode import NUM_TOKENS, Selector
-
-    import numpy as np
-
+def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> np.ndarray:
     V = target.config.vocab_size
     # The first step after the prefill is a lookup step; with trees, every step grafts its rows' whole runs.
     lookup = PromptLookup(4, COSTS, min_ngram=1) if tree else AlternatingLookup(4, policy=FixedWidth(4))
@@ -232,8 +219,6 @@ def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> "
 @pytest.mark.parametrize("params", [dict(temperature=1.0, seed=90_000),
                                     dict(temperature=0.7, top_p=0.9, seed=100_000)], ids=["T1", "T0.7-topp0.9"])
 def test_sampling_with_lookup_blocks_matches_target_distribution(small_models, params):
-    from test_sampling_decode import ALPHA, NUM_ROWS, NUM_TOKENS, SamplingParams, exact_joint, goodness_of_fit
-
     target, draft = small_models
     sampling = SamplingParams(**params)
     counts = lookup_counts(target, draft, sampling, NUM_ROWS)
@@ -242,8 +227,6 @@ def test_sampling_with_lookup_blocks_matches_target_distribution(small_models, p
 
 
 def test_sampling_with_runs_grafted_onto_trees_matches_target_distribution(small_models):
-    from test_sampling_decode import ALPHA, NUM_ROWS, NUM_TOKENS, SamplingParams, exact_joint, goodness_of_fit
-
     target, draft = small_models
     sampling = SamplingParams(temperature=1.0, seed=120_000)
     counts = lookup_counts(target, draft, sampling, NUM_ROWS, tree=True)
@@ -252,9 +235,6 @@ def test_sampling_with_runs_grafted_onto_trees_matches_target_distribution(small
 
 
 def test_grafted_trees_with_a_broken_tree_sampler_fail_the_same_test(small_models, monkeypatch):
-    from test_sampling_decode import ALPHA, NUM_TOKENS, SamplingParams, exact_joint, final_draw_from_p
-    from test_sampling_decode import goodness_of_fit
-
     monkeypatch.setattr("blockdraft.decode.selection.tree_sample", final_draw_from_p)
     target, draft = small_models
     sampling = SamplingParams(temperature=1.0, seed=130_000)
@@ -265,8 +245,6 @@ def test_grafted_trees_with_a_broken_tree_sampler_fail_the_same_test(small_model
 
 def test_a_lookup_block_with_the_wrong_q_fails_the_same_test(small_models, monkeypatch):
     """A looked-up token is a point mass; treating it as drawn from a uniform q accepts it too often."""
-    from test_sampling_decode import ALPHA, NUM_TOKENS, SamplingParams, exact_joint, goodness_of_fit
-
     def uniform_q(self, proposals, vocab_size):
         return proposals, torch.full((*proposals.shape, vocab_size), 1.0 / vocab_size)
 

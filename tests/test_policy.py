@@ -10,9 +10,7 @@ from blockdraft.decode.costs import CostModel
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, candidate_widths, expected_tokens, make_policy
 from blockdraft.metrics import AcceptanceStats
 
-from conftest import COSTS, ScriptedDrafter, tiny_draft, tiny_target
-from test_sampling_decode import CyclingWidth
-from test_lookup import AlternatingLookup
+from conftest import COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 

@@ -12,8 +12,7 @@ import torch
 from blockdraft.errors import CheckpointError, ConfigError, InputError
 from blockdraft.train.trainer import train
 
-from conftest import tiny_draft, tiny_target
-from test_trainer import config, tensors, write_data
+from conftest import config, tensors, tiny_draft, tiny_target, write_data
 
 
 class Killed(Exception):

@@ -11,29 +11,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from blockdraft.io.drafts import LoadedDraft
-from blockdraft.config import DraftConfig
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
 from blockdraft.decode.selection import Selector
-from blockdraft.model.draft import DFlashDraftModel
-from blockdraft.model.target import Target
 from blockdraft.sampling import (
     SamplingParams,
     draw_uniforms,
-    logits_to_probs,
     rejection_accept,
     sample_from_uniforms,
 )
 
+from conftest import ALPHA, NUM_ROWS, NUM_TOKENS, CyclingWidth, exact_joint, final_draw_from_p, goodness_of_fit
 
-ALPHA = 0.01
-SMALL_VOCAB = 6  # joint of 3 tokens = 216 cells: enumerable, and thousands of rows fill them
 SMALL_PROMPT = [3, 0, 4, 2]
-NUM_TOKENS = 3
-NUM_ROWS = 8000
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -46,60 +38,7 @@ def one_thread():
 
 
 # ---------------------------------------------------------------------------------------------- tiny vocabulary
-
-
-@pytest.fixture(scope="module")
-def small_models() -> tuple[Target, DFlashDraftModel]:
-    """A 6-token target with peaked (not uniform) distributions, and a 1-layer draft whose q differs from p."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10.0)  # random init is near uniform; scaled, the first token's top p is ~0.5
-    target = Target(model.float().eval())
-    cfg = DraftConfig.for_target(target.config, num_draft_layers=1, block_size=4, mask_token_id=SMALL_VOCAB - 1)
-    draft = DFlashDraftModel(cfg)
-    draft.init_weights(generator=torch.Generator().manual_seed(1))
-    return target, draft.float().eval()
-
-
-@torch.inference_mode()
-def exact_joint(target: Target, prompt: list[int], params: SamplingParams, num_tokens: int) -> np.ndarray:
-    """P(t1..tn | prompt) for every continuation, flat [V**n] in lexicographic order, from plain HF forwards.
-
-    p(t1..tn) = prod_i p(t_i | prompt, t1..t_(i-1)), each factor the same logits_to_probs transform the decode
-    loop applies, over the model's own forward rather than blockdraft's cached one: an independent oracle.
-    """
-    V = target.config.vocab_size
-    joint = torch.ones(1, dtype=torch.float64)  # [V**i]: probability of each length-i prefix
-    prefixes = torch.tensor([prompt])  # [V**i, P + i]
-    for _ in range(num_tokens):
-        probs = logits_to_probs(target.model(prefixes).logits[:, -1], params).double()  # [V**i, V]
-        joint = (joint[:, None] * probs).reshape(-1)
-        grown = prefixes.repeat_interleave(V, dim=0)
-        prefixes = torch.cat([grown, torch.arange(V).repeat(prefixes.shape[0])[:, None]], dim=1)
-    return joint.numpy()
-
-
-class CyclingWidth:
-    """A verify-width policy that cycles 1, 2, ..., K: every width, plain steps included, within a few steps."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size, self.calls = block_size, 0
-
-    def choose(self) -> int:
-        self.calls += 1
-        return 1 + (self.calls - 1) % self.block_size
-
-    def at_batch(self, rows) -> None:
-        pass
-
-    def observe(self, width, num_accepted, within=None) -> None:
-        pass
+# (the small_models fixture, the exact joint and the chi-square test: conftest.py)
 
 
 def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False,
@@ -113,25 +52,6 @@ def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, dr
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
     return np.bincount(cells, minlength=V**NUM_TOKENS)
-
-
-def goodness_of_fit(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square p-value of counts against exact probabilities; cells expecting < 5 are pooled into one."""
-    # A sample in a cell the filters give probability 0 is a bug whatever the statistics say.
-    impossible = counts[probs == 0].sum()
-    assert impossible == 0, f"{impossible} samples have probability 0 under the target's filtered distribution"
-    expected = probs / probs.sum() * counts.sum()
-    big = expected >= 5
-    observed, wanted = list(counts[big]), list(expected[big])
-    pooled_observed, pooled_expected = counts[~big].sum(), expected[~big].sum()
-    if pooled_expected >= 5:
-        observed.append(pooled_observed)
-        wanted.append(pooled_expected)
-    elif pooled_expected > 0:  # too little to stand alone: join the smallest kept cell
-        smallest = int(np.argmin(wanted))
-        observed[smallest] += pooled_observed
-        wanted[smallest] += pooled_expected
-    return float(chisquare(observed, wanted).pvalue)
 
 
 # Seeds 10_000 apart: row i uses seed + i, so no two cases (or the tests below) share a row's random stream.
@@ -245,18 +165,6 @@ def test_tree_sampling_at_changing_node_counts_matches_target_distribution(small
     counts = sampled_counts(target, draft, sampling, block_size=4, tree=True, cycle_widths=True, num_rows=6000)
     pvalue = goodness_of_fit(counts, exact_joint(target, SMALL_PROMPT, sampling, NUM_TOKENS))
     assert pvalue > ALPHA, f"tree sampling at changing node counts is not the target's own (p = {pvalue:.2e})"
-
-
-def final_draw_from_p(p, tokens, parents, generator=None):
-    """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
-    rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
-    from blockdraft.sampling.tree import deepest_node
-    from blockdraft.sampling import sample
-    from blockdraft.sampling.tree import tree_sample
-
-    ok, _ = tree_sample(p, tokens, parents, generator)
-    deepest = deepest_node(ok)
-    return ok, sample(p[torch.arange(p.shape[0]), deepest], generator)
 
 
 def test_broken_tree_sampling_fails_the_same_test(small_models, monkeypatch):

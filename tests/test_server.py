@@ -1,7 +1,7 @@
 """The OpenAI-compatible server: routes, streaming, batching, failures, a real client.
 
 Refusals of bad requests are in test_server_refusals.py, batching, cancelling and failures in
-test_server_batching.py; both share this module's fixtures.
+test_server_batching.py; all three share the fixtures and request builders in conftest.py.
 
 The server is a thin layer, so its outputs are checked against the library: a request's text is the
 library's greedy decode of the same prompt, streamed chunks concatenate to the whole response, and requests
@@ -11,14 +11,11 @@ character-level tokenizer built here; the one end-to-end test binds uvicorn to a
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from blockdraft.decode.generate import generate
 from blockdraft.sampling import SamplingParams
@@ -26,49 +23,7 @@ from blockdraft.server import create_app
 from blockdraft.server.stops import StopStrings
 from blockdraft.io.prompts import encode_prompt
 
-from conftest import char_tokenizer, tiny_draft, tiny_target
-
-MODEL = "tiny"
-LIMIT = 64  # the server's max_tokens limit in these tests
-BODY_LIMIT = 4096
-CHAT = "/v1/chat/completions"
-TEXT = "/v1/completions"
-
-
-@pytest.fixture(scope="module")
-def model():
-    target = tiny_target("llama")
-    target.tokenizer = char_tokenizer()
-    return target, tiny_draft(target, block_size=8)
-
-
-@pytest.fixture(scope="module")
-def client(model):
-    target, draft = model
-    app = create_app(target, draft, model_id=MODEL, max_batch=8, max_tokens_limit=LIMIT, max_body_bytes=BODY_LIMIT)
-    with TestClient(app) as test_client:
-        yield test_client
-
-
-def chat_body(content="Hello", **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 12,
-            **extra}
-
-
-def text_body(prompt="Once upon", **extra):
-    return {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 12, **extra}
-
-
-def sse_payloads(response) -> list:
-    """The JSON payloads of a server-sent event stream; the final `[DONE]` is checked and dropped."""
-    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
-    assert events[-1] == "[DONE]", "an OpenAI stream must end with data: [DONE]"
-    return [json.loads(event) for event in events[:-1]]
-
-
-def streamed_text(payloads, chat: bool) -> str:
-    key = (lambda c: c["delta"].get("content", "")) if chat else (lambda c: c["text"])
-    return "".join(key(choice) for p in payloads for choice in p["choices"])
+from conftest import CHAT, LIMIT, MODEL, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
 
 
 def library_reply(target, draft, prompt_ids, max_tokens):
@@ -183,13 +138,6 @@ def test_a_seeded_sample_is_the_target_alone_sample_of_its_seed(client, model):
         "a seeded request's text is not the target-alone sample of its seed")
 
 
-def _wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the server"
-        time.sleep(0.01)
-
-
 # The real thing: uvicorn on a loopback port, the official OpenAI client
 
 
@@ -206,7 +154,7 @@ def test_openai_client_against_uvicorn(model):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        _wait_for(lambda: _healthy(port), timeout=60)
+        wait_for(lambda: _healthy(port), timeout=60)
         openai = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="e2e-key", max_retries=0, timeout=60)
         assert [m.id for m in openai.models.list()] == [MODEL]
         messages = [{"role": "user", "content": "Hi there"}]

@@ -1,7 +1,8 @@
 """The server's batching, cancelling and failures: requests batched together each get what they get alone, a
 reader that leaves stops its row, and a failed batch is a 500 while the server keeps serving.
 
-Fixtures and request builders are shared with test_server.py (a tiny random target, in-process client).
+Fixtures and request builders are shared with test_server.py through conftest.py (a tiny random target, an
+in-process client).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from blockdraft.sampling import SamplingParams
 from blockdraft.server import worker as worker_module
 from blockdraft.server.worker import Tokens, Worker
 
-from test_server import (CHAT, TEXT, _wait_for, chat_body, client, model, sse_payloads,  # noqa: F401
-                         streamed_text, text_body)
+from conftest import CHAT, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
 
 
 def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]]:
@@ -40,9 +40,9 @@ def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]
     worker = client.app.state.worker
     with ThreadPoolExecutor(len(bodies) + 1) as pool:
         blocker = pool.submit(client.post, TEXT, json=text_body("hold", max_tokens=2))
-        _wait_for(lambda: sizes == [1])
+        wait_for(lambda: sizes == [1])
         futures = [pool.submit(client.post, TEXT, json=b) for b in bodies]
-        _wait_for(lambda: worker.queue_depth == len(bodies))
+        wait_for(lambda: worker.queue_depth == len(bodies))
         gate.set()
         choices = [f.result(timeout=120).json()["choices"][0] for f in futures]
         assert blocker.result(timeout=120).status_code == 200

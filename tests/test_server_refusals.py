@@ -1,6 +1,7 @@
 """The OpenAI-compatible server's refusals: each bad request gets the status and an error naming its field.
 
-Fixtures and request builders are shared with test_server.py (a tiny random target, in-process client).
+Fixtures and request builders are shared with test_server.py through conftest.py (a tiny random target, an
+in-process client).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from blockdraft.server import create_app
 
-from test_server import BODY_LIMIT, CHAT, LIMIT, MODEL, TEXT, chat_body, client, model, text_body  # noqa: F401
+from conftest import BODY_LIMIT, CHAT, LIMIT, MODEL, TEXT, chat_body, text_body
 
 REFUSALS = [
     (CHAT, {"foo": 1}, "foo", "unknown_parameter"),

@@ -4,8 +4,7 @@ from blockdraft.decode.generate import generate
 from blockdraft.train.data import read_examples
 from blockdraft.train.evaluate import evaluate_online, heldout_prompts
 
-from conftest import tiny_draft, tiny_target
-from test_trainer import write_data
+from conftest import tiny_draft, tiny_target, write_data
 
 
 def test_evaluate_online_pools_tau(tmp_path):

@@ -12,8 +12,7 @@ from blockdraft.decode.vocab import read_vocab, scatter_logits, write_vocab
 from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, weighted_loss
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, tiny_target
-from test_trainer import config, write_data
+from conftest import VOCAB, config, tiny_target, write_data
 
 B, S, A, K, D = 2, 20, 4, 5, 8
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -16,46 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from blockdraft.api import load_draft
 from blockdraft.decode.generate import generate
 from blockdraft.errors import ConfigError, InputError
 from blockdraft.model.target import Target
 from blockdraft.train.ranks import rank_device
-from blockdraft.train.trainer import TrainConfig, train
+from blockdraft.train.trainer import train
 
-from conftest import VOCAB, tiny_target
+from conftest import MASK, VOCAB, assert_same_update, config, tensors, tiny_target, write_data
 
-MASK = VOCAB - 1
 TESTS = Path(__file__).parent
-
-
-def write_data(folder: Path, count: int = 12, seed: int = 0, period: int = 5, empty: tuple[int, ...] = ()) -> Path:
-    """Shards of prompt + a periodic response (learnable from the anchor alone); `empty` rows have no response mask."""
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "data-00000.jsonl", "w") as handle:
-        for i in range(count):
-            prompt = [1] + [rng.randrange(3, 60) for _ in range(rng.randrange(2, 6))]
-            start = rng.randrange(period)
-            response = [60 + (start + j) % period for j in range(rng.randrange(12, 30))] + [2]
-            mask = [0] * (len(prompt) + len(response)) if i in empty else [0] * len(prompt) + [1] * len(response)
-            handle.write(json.dumps({"id": f"ex{i}", "input_ids": prompt + response, "loss_mask": mask}) + "\n")
-    return folder
-
-
-def config(tmp_path: Path, name: str = "out", **overrides) -> TrainConfig:
-    values = dict(data_dirs=tmp_path / "data", out_dir=tmp_path / name, num_draft_layers=2, block_size=8, anchors=6,
-                  max_seq_len=48, lr=2e-3, epochs=2, batch_size=4, save_every=1000, eval_every=1000, log_every=2,
-                  val_fraction=0.0, mask_token_id=MASK)
-    values.update(overrides)
-    return TrainConfig(**values)
-
-
-def tensors(file: Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(file), framework="pt") as handle:
-        return {name: handle.get_tensor(name) for name in handle.keys()}
 
 
 def tied_target() -> Target:
@@ -167,21 +137,6 @@ def test_target_stays_frozen_and_out_of_checkpoints(tmp_path, tied):
         assert not leaked, f"the target's embedding/head must never be saved, found {leaked}"
     assert {n.rsplit(".", 1)[0] for n in state} == set(trained), "optimizer state covers exactly the draft"
     assert trained["fc.weight"].dtype == torch.bfloat16, "the final draft is written in bf16"
-
-
-def assert_same_update(a: Path, b: Path, why: str) -> None:
-    """Same gradients (AdamW's moments: averaged gradients and squares) and the same weights.
-
-    Moments get a tolerance of 1e-6 of each tensor's largest entry (fp32 summation order differs); a wrong
-    normaliser is off by a factor. Weights get atol 1e-6 at lr 1e-4: Adam's g / (|g| + eps) turns rounding in
-    near-zero gradients into differences proportional to lr, so the moments are the sharp comparison.
-    """
-    for file in ("trainer_state.safetensors", "model.safetensors"):
-        x, y = tensors(a / "checkpoint" / file), tensors(b / "checkpoint" / file)
-        assert x.keys() == y.keys()
-        for name in x:
-            atol = 1e-6 * float(x[name].abs().max()) if file.startswith("trainer") else 1e-6
-            torch.testing.assert_close(y[name], x[name], rtol=1e-5, atol=atol, msg=f"{file}:{name}: {why}")
 
 
 def test_micro_batches_give_the_update_of_one_batch(tmp_path):
