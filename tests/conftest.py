@@ -41,6 +41,18 @@ VOCAB = 96
 COSTS = linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
 
 
+@pytest.fixture(autouse=True)
+def fixed_step_costs(request, monkeypatch):
+    """Adaptive decodes price their steps with COSTS instead of timing the tiny test models: a width measured on a
+    busy machine would change which steps a test sees (never the output). Tests marked `measured_costs` time them."""
+    if request.node.get_closest_marker("measured_costs") is None:
+        import blockdraft.decode.decoder as decoder
+        import blockdraft.decode.generate as generate
+
+        for module in (generate, decoder):
+            monkeypatch.setattr(module, "measured_costs", lambda *args, **kwargs: COSTS)
+
+
 def tiny_target(family: str = "llama", layers: int = 6, seed: int = 0) -> Target:
     """A random fp32 target small enough to decode hundreds of tokens in a second."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM

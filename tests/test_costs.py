@@ -1,0 +1,50 @@
+"""The step-cost model (decode/costs.py): interpolation, nearest buckets, measurement once per process, the disk
+cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from blockdraft.decode.costs import CostModel, batch_bucket, linear_costs, read_cached, write_cached
+from blockdraft.decode.drafter import Drafter
+from blockdraft.decode.generate import measured_costs
+
+from conftest import tiny_draft, tiny_target
+
+
+def test_costs_interpolate_between_measured_widths_and_borrow_the_nearest_bucket():
+    model = CostModel({1: 1.0, 8: 3.0}, {1: {2: 1.5, 4: 1.7, 8: 2.1}, 8: {2: 4.0, 8: 7.0}})
+    assert model.seconds(1, 3, drafted=True) == pytest.approx(1.6), "between 2 and 4: on their line"
+    assert model.seconds(1, 16, drafted=True) == pytest.approx(2.9), "past the widest: the last segment's slope"
+    assert model.per_position(1) == pytest.approx(0.1) and model.seconds(1, 5, drafted=False) == pytest.approx(1.4)
+    assert model.seconds(2, 2, drafted=True) == 1.5 and model.seconds(5, 2, drafted=True) == 4.0, \
+        "an unmeasured bucket borrows the nearest measured one (the smaller on a tie)"
+    assert [batch_bucket(r) for r in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    with pytest.raises(ValueError, match="no measurements"):
+        CostModel().seconds(1, 2, drafted=True)
+
+
+def test_a_cost_model_survives_the_disk_cache(tmp_path):
+    model = linear_costs(plain=0.02, draft=0.01, per_position=0.001, buckets=(1, 4))
+    write_cached(tmp_path, "key", model)
+    assert read_cached(tmp_path, "key") == model
+    (tmp_path / "bad.json").write_text("{not json")
+    assert read_cached(tmp_path, "bad") is None and read_cached(tmp_path, "missing") is None, "measured again"
+
+
+@pytest.mark.measured_costs
+def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkeypatch):
+    import blockdraft.decode.generate as generate
+
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(generate, "_COSTS", {})
+    target = tiny_target("llama")
+    target.name = "tiny-test-target"  # a named target's costs go to the disk cache
+    drafter = Drafter(tiny_draft(target, block_size=4), target)
+    model = measured_costs(target, drafter, True, rows=3)
+    assert model.buckets() == {1, 2, 4} and set(model.drafted[1]) == {2, 4, 8}, "every bucket up to 3 rows"
+    assert all(seconds > 0 for seconds in model.plain.values())
+    assert measured_costs(target, drafter, True, rows=2) is model, "measured once per process"
+    monkeypatch.setattr(generate, "_COSTS", {})
+    monkeypatch.setattr(generate, "measure_costs", lambda *args: pytest.fail("the disk cache was not read"))
+    assert measured_costs(target, drafter, True, rows=3) == model, "a new process reads the same model back"
