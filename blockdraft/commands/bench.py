@@ -76,7 +76,8 @@ def run(args) -> int:
     refuse_training_sets(prompts)
     stderr = Console(stderr=True, highlight=False)
     with stderr.status("loading target and draft"):
-        target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
+        target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device,
+                             weights=args.weights)
         draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
     if not getattr(draft, "trained", True):
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "

@@ -36,7 +36,8 @@ def run(args) -> int:
     options = decode_options(args, console)  # bad values fail here, before the model load
     prepare(args)
     with console.status("loading target and draft"):
-        target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
+        target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device,
+                             weights=args.weights)
         draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
     if not getattr(target.tokenizer, "chat_template", None):
         raise BlockdraftError(f"target {target.name} has no chat template; use `blockdraft generate` instead")

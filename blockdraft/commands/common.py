@@ -29,6 +29,9 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--draft", default=None, help="draft checkpoint folder (default: the shipped draft)")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPUs and on CPUs with native bf16, "
                         "else float32), bfloat16, float32 (exact), float16")
+    parser.add_argument("--weights", default=None, choices=["q4", "bf16", "fp32"],
+                        help="the target's weights: q4 runs the embedded target's GGUF blocks as int4 on CPU (bf16 "
+                             "activations); bf16 and fp32 as --dtype (default: --dtype decides)")
     add_compute_arguments(parser)
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
@@ -63,6 +66,10 @@ def prepare(args) -> None:
     checks that would otherwise fail only after the model load (a missing draft or target folder, a hub id that
     cannot be reached)."""
     set_compute(args)
+    if getattr(args, "weights", None) is not None:  # --dtype follows --weights; a conflict is refused here
+        from ..io.targets import weights_dtype
+
+        args.dtype = weights_dtype(args.weights, args.dtype, args.target, args.device)
     if getattr(args, "draft", None) is not None:
         check_draft_folder(args.draft)
     if getattr(args, "target", None) is not None:

@@ -49,7 +49,7 @@ def run(args) -> int:
     window = context_window(args)
     prepare(args)
     dtype = parse_dtype(args.dtype, args.device)
-    target = load_target(args.target, dtype=dtype, device=args.device)
+    target = load_target(args.target, dtype=dtype, device=args.device, weights=args.weights)
     draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
     K = args.block_size if args.block_size is not None else draft.config.block_size
     dtype_name = str(dtype).removeprefix("torch.")

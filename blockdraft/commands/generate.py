@@ -50,7 +50,7 @@ def run(args) -> int:
     prepare(args)
     dtype = parse_dtype(args.dtype, args.device)
     with console.status("loading target and draft"):
-        target = load_target(args.target, dtype=dtype, device=args.device)
+        target = load_target(args.target, dtype=dtype, device=args.device, weights=args.weights)
         draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab)
     if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "

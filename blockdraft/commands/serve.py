@@ -50,7 +50,7 @@ def run(args) -> int:
         console.print(f"[yellow]warning: binding {args.host} without --api-key: anyone who can reach this "
                       "address can use the model[/yellow]")
     with console.status("loading target and draft"):
-        target = load_target(args.target, dtype=args.dtype, device=args.device)
+        target = load_target(args.target, dtype=args.dtype, device=args.device, weights=args.weights)
         draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab)
     if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -178,12 +179,16 @@ def _quiet_if_local(source: str):
         hf_logging.enable_progress_bar()
 
 
-def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_remote_code=False) -> Target:
-    """Load a target by name: None or 'smollm2-135m-instruct' (embedded), a local HF folder, or a hub id."""
+def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_remote_code=False,
+                weights: str | None = None) -> Target:
+    """Load a target by name: None or 'smollm2-135m-instruct' (embedded), a local HF folder, or a hub id.
+
+    `weights`: None (as `dtype` says), "bf16", "fp32", or "q4": the embedded GGUF's own Q4_1 blocks as int4
+    weights on CPU, with bf16 activations (model/q4.py); the head (Q8_0 in that file) stays bf16."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     parse_device(device)  # a missing GPU is named before minutes of loading
-    torch_dtype = parse_dtype(dtype, device)
+    torch_dtype = parse_dtype(weights_dtype(weights, dtype, name, device), device)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
     try:
         with _quiet_if_local(source):
@@ -194,4 +199,38 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
             f"could not load target {name!r}: {error}; pass a local Hugging Face folder, a reachable hub id, "
             f"or omit --target for the embedded {EMBEDDED_TARGET}"
         ) from error
-    return Target(model.to(device), tokenizer, name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name)
+    quantized = q4_blocks(embedded_gguf_path(), model.config) if weights == "q4" else None
+    return Target(model.to(device), tokenizer, name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name,
+                  quantized=quantized)
+
+
+WEIGHTS = {"bf16": "bfloat16", "fp32": "float32", "q4": "bfloat16"}  # --weights -> the dtype of what stays float
+
+
+def weights_dtype(weights: str | None, dtype, name: str | None, device) -> str | torch.dtype:
+    """The dtype a `weights` choice loads the model in; `dtype` itself when `weights` is None."""
+    if weights is None:
+        return dtype
+    if weights not in WEIGHTS:
+        raise ConfigError(f"unknown weights {weights!r}; use one of {sorted(WEIGHTS)}, or leave it out for --dtype's")
+    wanted = WEIGHTS[weights]
+    # Two flags that disagree would leave one silently ignored.
+    if dtype != "auto" and parse_dtype(dtype, device) != DTYPES[wanted]:
+        raise ConfigError(f"--weights {weights} runs in {wanted}, but --dtype is {dtype}; drop one of the two")
+    if weights == "q4" and (name not in (None, EMBEDDED_TARGET) or device_of(device).type != "cpu"):
+        raise ConfigError(f"--weights q4 runs the embedded target's GGUF on CPU, got target {name!r} on {device}; "
+                          f"leave --target out and use --device cpu, or use --weights bf16")
+    return wanted
+
+
+def q4_blocks(gguf: Path, config) -> list[dict] | None:
+    """Each layer's Q4_1 blocks from `gguf` (model/q4.py); None, with one warning line, when the file quantizes
+    them another way (they load as the bf16 weights transformers dequantized)."""
+    from ..model.q4 import UnsupportedQuantization, read_q4_layers
+
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
+    try:
+        return read_q4_layers(gguf, config.num_hidden_layers, heads, kv_heads)
+    except UnsupportedQuantization as error:
+        warnings.warn(f"{error}: --weights q4 takes Q4_1 only; loading bf16 weights instead", stacklevel=3)
+        return None

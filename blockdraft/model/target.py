@@ -16,6 +16,7 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
+from . import q4
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
 
@@ -35,9 +36,13 @@ class Target:
     `pack_weights` (None: when it pays) runs the linears over weights packed once for the CPU's bf16 kernels
     (packed.py): same results, faster steps, a second copy of the linears in memory. None packs a bf16 CPU
     target whose copy fits in a quarter of the machine's memory.
+
+    `quantized` (per layer, each projection's Q4_1 blocks from a GGUF file: q4.read_q4_layers) runs the seven
+    projections at the file's own precision: int4 products for few rows, bf16 ones over the same weights for more.
     """
 
-    def __init__(self, model, tokenizer=None, name: str = "", pack_weights: bool | None = None) -> None:
+    def __init__(self, model, tokenizer=None, name: str = "", pack_weights: bool | None = None,
+                 quantized: list[dict] | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "")
@@ -66,6 +71,8 @@ class Target:
         self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
         self._products = [{name: f.product if isinstance(f, PackedConcat) else f for name, f in linears.items()}
                           for linears in self.linears]
+        if quantized is not None:
+            self._use_int4(quantized)
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
 
@@ -77,6 +84,19 @@ class Target:
             return False
         linears = [self.lm_head, *(m for layer in self.layers for m in _projections(layer).values())]
         return fits_in_memory(sum(m.weight.numel() * m.weight.element_size() for m in linears))
+
+    def _use_int4(self, quantized: list[dict]) -> None:
+        """Each layer's projections over int4 weights for few rows (q4.py); the bf16 ones built above stay for more
+        rows, over the model's own weights, which become the int4 weights dequantized."""
+        if len(quantized) != self.num_layers:  # a GGUF of another model would pair layers wrongly
+            raise ConfigError(f"the quantized weights have {len(quantized)} layers, the target {self.num_layers}; "
+                              "pass the GGUF of this target")
+        weights = [q4.int4_layer(linears, _projections(layer), blocks)
+                   for linears, layer, blocks in zip(self.linears, self.layers, quantized)]
+        for pack in self._packs:
+            pack.ready()  # the weights changed in place: pack the bf16 copies again now, not in the first step
+        self.linears = [q4.wrap(linears, w) for linears, w in zip(self.linears, weights)]
+        self._products = [q4.wrap(products, w) for products, w in zip(self._products, weights)]
 
     @property
     def num_layers(self) -> int:

