@@ -123,9 +123,10 @@ class Q4Linear:
 
 # The most rows the int4 kernel serves before the bf16 product takes over. Measured against the packed bf16
 # product (packed.py) on SmolLM2-135M's fused shapes (960x576, 576x576, 3072x576, 576x1536), bf16 rows, one
-# thread, medians of 9 (us): int4 is faster at 1 to 4 rows for every shape (3072x576: 159 vs 253 at one row,
-# 323 vs 342 at four), even at 6 to 8 rows, slower from 12 rows (3072x576: 1206 vs 777 at 16). Command:
-# docs/history.md, "int4 rows". Fixed, never timed per step, so a decode's arithmetic does not depend on load.
+# thread, medians of 9 (us): int4 is faster or even at 1 to 4 rows for every shape (3072x576: 110 vs 161 at one
+# row, 208 vs 207 at four), even to slower at 6 to 8, slower from 12 (3072x576: 826 vs 685 at 16). The weights
+# stay in cache there; in a decode they stream from memory, which favours int4 more. Command:
+# python benchmarks/int4.py rows --threads 1. Fixed, never timed per step: the arithmetic never depends on load.
 INT4_MAX_ROWS = 4
 
 
