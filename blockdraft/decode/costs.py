@@ -145,6 +145,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
     described = dict(target=target.name, layers=target.num_layers, vocab=int(target.lm_head.weight.shape[0]),
                      dtype=str(target.dtype), device=hardware, threads=torch.get_num_threads(),
                      torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
+                     int4=bool(getattr(target, "quantized", False)),
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
                      block_size=block_size, tree=tree, steps=STEPS_PER_WIDTH, prompt=PROMPT_LENGTH)

@@ -71,6 +71,7 @@ class Target:
         self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
         self._products = [{name: f.product if isinstance(f, PackedConcat) else f for name, f in linears.items()}
                           for linears in self.linears]
+        self.quantized = quantized is not None  # int4 layer products: step costs differ (decode/costs.py)
         if quantized is not None:
             self._use_int4(quantized)
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
