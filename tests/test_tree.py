@@ -254,7 +254,10 @@ def test_a_tree_accepts_the_runner_up_that_a_chain_rejects():
     chain_tau = [r.stats.mean_tau for r in runs[False]]
     tree_tau = [r.stats.mean_tau for r in runs[True]]
     assert all(t == 1.0 for t in chain_tau), chain_tau
-    assert all(t >= 2.0 for t in tree_tau), f"a 4-node tree must accept the runner-up and more: {tree_tau}"
+    # Every step returns 2 tokens or more but the last, which the budget may cut to one (tau counts returned tokens).
+    steps = [r.stats.histogram for r in runs[True]]
+    assert all(h[0] <= 1 for h in steps) and all(t > 1.9 for t in tree_tau), (
+        f"a 4-node tree must accept the runner-up and more: tau {tree_tau}, histograms {steps}")
 
 
 def test_tree_decode_with_a_real_draft_equals_target_greedy():
