@@ -58,6 +58,8 @@ def run(args) -> int:
     ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
     hardware = describe_line(args.device, dtype)
     spec = Decoder(target, draft, options)
+    with console.status("measuring step costs (once per machine, then cached)"):
+        spec.costs(len(ids))
     block = spec.block_size() if draft is not None else None
     single = len(ids) == 1
     if not sampling.greedy:

@@ -5,8 +5,10 @@ never reads a live clock: in 16-bit floats a K-row verify rounds near-ties diffe
 widths chosen from wall-clock times would make the same request give different text from run to run
 (docs/design.md §14). Instead a `CostModel` is measured once, from a few fixed-width steps per width and
 batch-size bucket before the first decode that needs them (`measure_costs`), and kept for the process and on
-disk, keyed by the target, the draft, dtype, device, threads and torch version: the same request then chooses
-the same widths in every run on that machine. Tests and callers may pass a model of their own (`linear_costs`).
+disk (`cache_root()/costs`, one JSON file per key), keyed by the target, the draft, dtype, device, threads and
+torch version: the same request then chooses the same widths in every run on that machine. Delete the file (or
+the folder) to measure again, e.g. after a run on a busy machine. Tests and callers may pass a model of their
+own (`linear_costs`).
 
 Step times depend on how many rows a step decodes, so every table is kept per batch-size bucket (1, 2, 4, 8,
 ...; `batch_bucket`); a bucket not measured borrows the nearest measured one.
@@ -25,7 +27,8 @@ import torch
 
 from ..hardware import cpu_name
 
-STEPS_PER_WIDTH = 6  # timed steps per width and bucket (after WARM_STEPS untimed ones); the median counts
+ROUNDS = 3  # every width is timed once per round, the rounds one after another (see measure_costs)
+STEPS_PER_ROUND = 3  # timed steps of each width per round (after WARM_STEPS untimed ones); the median counts
 WARM_STEPS = 2  # a first step of a shape pays one-off costs (allocation, kernel selection)
 PROMPT_LENGTH = 64  # positions of the synthetic prompt the steps are timed on
 
@@ -100,17 +103,20 @@ def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 
 
 
 def measure_costs(decode_steps, widths: list[int], buckets: list[int]) -> CostModel:
-    """Time `STEPS_PER_WIDTH` steps of each width in each bucket: `decode_steps(rows, width, steps)` decodes
-    `rows` rows at a fixed width for `steps` steps and returns the seconds of each step. The median of the steps
-    after the first `WARM_STEPS` counts."""
+    """Time the steps of each width in each bucket: `decode_steps(rows, width, steps)` decodes `rows` rows at a
+    fixed width for `steps` steps and returns the seconds of each step. Each of `ROUNDS` rounds times every width
+    for `STEPS_PER_ROUND` steps after `WARM_STEPS` untimed ones; the median over the rounds counts. Interleaving
+    the widths spreads a slow spell of the machine (another process, an interrupt) over all of them instead of
+    letting it price one width alone: the policy compares widths, so their ratios are what must hold."""
     model = CostModel()
     for bucket in buckets:
-        times = {}
-        for width in widths:
-            seconds = decode_steps(bucket, width, WARM_STEPS + STEPS_PER_WIDTH)[WARM_STEPS:]
-            times[width] = statistics.median(seconds) if seconds else 0.0
-        model.plain[bucket] = times.pop(1)
-        model.drafted[bucket] = times
+        times: dict[int, list[float]] = {width: [] for width in widths}
+        for _ in range(ROUNDS):
+            for width in widths:
+                times[width] += decode_steps(bucket, width, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+        medians = {width: statistics.median(seconds) if seconds else 0.0 for width, seconds in times.items()}
+        model.plain[bucket] = medians.pop(1)
+        model.drafted[bucket] = medians
     return model
 
 
@@ -148,7 +154,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      int4=bool(getattr(target, "quantized", False)),
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
-                     block_size=block_size, tree=tree, steps=STEPS_PER_WIDTH, prompt=PROMPT_LENGTH)
+                     block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
+                     prompt=PROMPT_LENGTH)
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 
 
