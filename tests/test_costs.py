@@ -48,3 +48,25 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
     monkeypatch.setattr(generate, "_COSTS", {})
     monkeypatch.setattr(generate, "measure_costs", lambda *args: pytest.fail("the disk cache was not read"))
     assert measured_costs(target, drafter, True, rows=3) == model, "a new process reads the same model back"
+
+
+@pytest.mark.measured_costs
+def test_fresh_costs_replace_the_cached_ones_once_per_process(tmp_path, monkeypatch):
+    import blockdraft.decode.generate as generate
+    from blockdraft.decode.costs import cost_key
+
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(generate, "_COSTS", {})
+    monkeypatch.setattr(generate, "_REMEASURED", set())
+    target = tiny_target("llama")
+    target.name = "tiny-test-target"
+    drafter = Drafter(tiny_draft(target, block_size=4), target)
+    stale = linear_costs(plain=9.0, draft=9.0, per_position=9.0, buckets=(1,))  # measured on a busy machine
+    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), stale)
+    assert measured_costs(target, drafter, True, rows=1) == stale, "the cached model is read"
+    monkeypatch.setattr(generate, "_COSTS", {})
+    fresh = measured_costs(target, drafter, True, rows=1, fresh=True)
+    assert fresh != stale and fresh.plain[1] < 9.0, "measured again, not read"
+    assert measured_costs(target, drafter, True, rows=1, fresh=True) is fresh, "once per process"
+    monkeypatch.setattr(generate, "_COSTS", {})
+    assert measured_costs(target, drafter, True, rows=1) == fresh, "and it replaced the cached one"

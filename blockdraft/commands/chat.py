@@ -41,7 +41,7 @@ def run(args) -> int:
         draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
     if not getattr(target.tokenizer, "chat_template", None):
         raise BlockdraftError(f"target {target.name} has no chat template; use `blockdraft generate` instead")
-    decoder = Decoder(target, draft, options)
+    decoder = Decoder(target, draft, options, measure_costs=args.measure_costs)
     with console.status("measuring step costs (once per machine)"):
         decoder.costs(1)
     console.print(f"[dim]chat with {target.name} ({options.describe()}, K={decoder.block_size()}, "

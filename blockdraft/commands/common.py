@@ -193,3 +193,6 @@ def add_decode_arguments(parser, what: str = "prompt") -> None:
                                "rejection: the draft samples and p tests its guesses; auto: coupled with --seed")
     sampling.add_argument("--draft-argmax", action="store_true",
                           help="propose the draft's argmax instead of sampling it (rejection sampler; still exact)")
+    parser.add_argument("--measure-costs", action="store_true",
+                        help="measure the step costs that price adaptive widths again, replacing the cached ones "
+                             "(they are measured once per machine; do this after a first run on a busy machine)")

@@ -57,7 +57,7 @@ def run(args) -> int:
                       "(output is exact, acceptance is near 1)[/yellow]")
     ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
     hardware = describe_line(args.device, dtype)
-    spec = Decoder(target, draft, options)
+    spec = Decoder(target, draft, options, measure_costs=args.measure_costs)
     with console.status("measuring step costs (once per machine, then cached)"):
         spec.costs(len(ids))
     block = spec.block_size() if draft is not None else None

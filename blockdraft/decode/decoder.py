@@ -23,14 +23,16 @@ from .selection import Selector
 class Decoder:
     """Decodes token-id prompts with `target` and `draft` (None: the target alone, the exactness oracle).
 
-    `costs` fixes the step-cost model instead of measuring it (tests; a model measured elsewhere)."""
+    `costs` fixes the step-cost model instead of measuring it (tests; a model measured elsewhere);
+    `measure_costs` measures it again instead of reading the cached one (after a first run on a busy machine)."""
 
     def __init__(self, target: Target, draft: LoadedDraft | DFlashDraftModel | None,
-                 options: DecodeOptions | None = None, *, costs: CostModel | None = None) -> None:
+                 options: DecodeOptions | None = None, *, costs: CostModel | None = None,
+                 measure_costs: bool = False) -> None:
         self.target = target
         self.draft = LoadedDraft(draft) if isinstance(draft, DFlashDraftModel) else draft
         self.options = options or DecodeOptions()
-        self.fixed_costs = costs
+        self.fixed_costs, self.measure_costs = costs, measure_costs
         self._drafters: dict = {}  # (block size, window) -> Drafter, restarted by every decode
 
     @property
@@ -65,7 +67,7 @@ class Decoder:
             return None
         if self.fixed_costs is not None:
             return self.fixed_costs
-        return measured_costs(self.target, self.drafter(options), options.tree, rows)
+        return measured_costs(self.target, self.drafter(options), options.tree, rows, fresh=self.measure_costs)
 
     def selector(self, rows: int, options: DecodeOptions, seeds: list[int | None] | None = None) -> Selector:
         """Greedy or sampled selection for `rows` rows: row i seeded with seeds[i], or the options' seed + i."""

@@ -216,19 +216,26 @@ def make_proposer(drafter: Drafter | None, block_size: int, adaptive, lookup: Pr
     return TreeProposer(drafter, policy, lookup) if tree else ChainProposer(drafter, policy, lookup, vocab_size)
 
 
-def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int) -> CostModel:
+def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fresh: bool = False) -> CostModel:
     """The step costs of this target and draft at batch sizes up to `rows` (costs.py): from this process's memory,
-    else the disk cache, else measured now by timing fixed-width steps, and cached."""
+    else the disk cache, else measured now by timing fixed-width steps, and cached. `fresh` measures them again
+    (once per process) and replaces the cached ones: after a first measurement on a busy machine."""
     config = getattr(drafter, "config", None)
     if config is None:  # a drafter double (tests) has no model to time: a plain step, the draft at a third of one
         return linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
     key = cost_key(target, config, drafter.block_size, tree)
     memory_key = key or (id(target), id(drafter.draft), drafter.block_size, tree)
+    if fresh and memory_key not in _REMEASURED:
+        _REMEASURED.add(memory_key)
+        _COSTS[memory_key] = CostModel()
+        key_on_disk = None  # the disk cache is not read, only written
+    else:
+        key_on_disk = key
     model = _COSTS.setdefault(memory_key, CostModel())
     buckets = [1 << i for i in range(batch_bucket(rows).bit_length())]  # 1, 2, 4, ... up to rows' bucket
     folder = cache_root() / "costs"
-    if key is not None and not set(buckets) <= model.buckets():
-        model.update(read_cached(folder, key) or CostModel())
+    if key_on_disk is not None and not set(buckets) <= model.buckets():
+        model.update(read_cached(folder, key_on_disk) or CostModel())
     missing = [b for b in buckets if b not in model.buckets()]
     if missing:
         K = drafter.block_size
@@ -240,6 +247,7 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int) -> C
 
 
 _COSTS: dict = {}  # cost models measured or read in this process, by cost key
+_REMEASURED: set = set()  # cost keys measured afresh in this process
 
 
 def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int) -> list[float]:
