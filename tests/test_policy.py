@@ -222,3 +222,18 @@ def test_widths_never_depend_on_the_clock(monkeypatch, tree):
     clock = itertools.accumulate(jitter)
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     assert run() == first, "a decode's widths followed the wall clock"
+
+
+def test_the_first_steps_are_the_widest_so_wide_widths_are_learnt():
+    """From the priors alone every width expects the same tokens and the cheapest drafted one would win, which
+    tells nothing of wider ones: the opening steps verify the widest, whose acceptance informs every width."""
+    from blockdraft.decode.policy import TreeWidth
+
+    for policy in (AdaptiveWidth(8, CPU_LIKE), TreeWidth(8, CPU_LIKE)):
+        chosen = []
+        for _ in range(3):
+            width = chosen.append(policy.choose()) or chosen[-1]
+            within = {w: [w - 1] for w in policy.widths if 1 < w <= width}  # every guess accepted
+            policy.observe(width, [width - 1], within=within)
+        assert chosen[:2] == [policy.widths[-1]] * 2, chosen
+        assert chosen[2] == policy.widths[-1], "a draft that hits everything keeps the widest width"

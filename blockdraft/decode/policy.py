@@ -17,7 +17,9 @@ slot's estimate keeps rarely reached slots from looking good by default). t(w) c
 (costs.py), measured once and cached, at the batch size of the step (`at_batch`): never from the live clock,
 so the same request chooses the same widths, and gives the same tokens, every time (docs/design.md §14).
 
-With a weak draft (or text it cannot predict) this settles on w = 1, the target's own speed, and it re-tries
+The first `opening` (2) steps verify the widest width, which tells every narrower width's acceptance too; from
+the priors alone the cheapest drafted width would win and learn only of itself. With a weak draft (or text it
+cannot predict) this settles on w = 1, the target's own speed, and it re-tries
 the runner-up width every `explore_every` steps so it notices when drafting pays again; every `explore_close`
 steps while the runner-up is expected within `close` (10 %) of the best (a draft near break-even must not stay
 switched off for a whole answer because its last estimate fell just short). Either interval is stretched where
@@ -94,7 +96,7 @@ class AdaptiveWidth:
 
     def __init__(self, block_size: int, costs: CostModel, *, drafts: bool = True, decay: float = 0.97,
                  explore_every: int = 32, explore_close: int = 8, close: float = 0.9, prior_strength: float = 2.0,
-                 margin: float = 1.02, explore_budget: float = 0.02) -> None:
+                 margin: float = 1.02, explore_budget: float = 0.02, opening: int = 2) -> None:
         if not isinstance(costs, CostModel):
             raise TypeError(f"an adaptive width needs a CostModel (decode/costs.py), got {type(costs).__name__}")
         self.block_size, self.costs, self.drafts = block_size, costs, drafts
@@ -102,6 +104,9 @@ class AdaptiveWidth:
         self.decay, self.prior_strength, self.margin = decay, prior_strength, margin
         self.explore_every, self.explore_close, self.close = explore_every, explore_close, close
         self.explore_budget = explore_budget  # the most of the decode time that re-tries may cost
+        # The first steps are the widest: from the priors alone every width looks alike and the cheapest drafted
+        # width would win, which tells nothing of the wider ones (a tree of 2 nodes only of itself).
+        self.opening = opening if drafts else 0
         self.reached = torch.zeros(block_size - 1, dtype=torch.float64)  # decayed counts per slot 1..K-1
         self.accepted = torch.zeros(block_size - 1, dtype=torch.float64)
         self.rows = 1  # rows of the steps being chosen now (`at_batch`)
@@ -144,6 +149,8 @@ class AdaptiveWidth:
         return max(self.rate(w, gain) for w in self.widths)
 
     def choose(self) -> int:
+        if self.steps < self.opening:  # the widest step tells what every narrower width would have accepted
+            return self.widths[-1]
         gain = self.gains()
 
         def score(w: int) -> float:  # drafting must win by `margin`: a near-tie is not worth a wider verify
