@@ -80,8 +80,8 @@ def stream(
 
     `stats`, when given, receives one AcceptanceStats per prompt (filled in place). `adaptive` lets each
     step verify the number of proposals that currently pays best, down to none (policy.py): the output is
-    unchanged, the speed never far below the target alone's. `lookup` (True, or a PromptLookup to keep its
-    measurements across calls) lets a step verify a block continued from an earlier occurrence of the row's
+    unchanged, the speed never far below the target alone's. `lookup` (True, or a PromptLookup of the caller's)
+    lets a step verify a block continued from an earlier occurrence of the row's
     last tokens instead of the draft's, when that pays more (lookup.py); the output is unchanged again.
     `tree` verifies the draft's likeliest alternatives too, as a token tree (tree.py): a fixed width then means a
     tree of K nodes, and `adaptive` picks from 1 to 2K nodes. Greedy output is unchanged; sampled output stays
