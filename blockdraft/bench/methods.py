@@ -12,6 +12,9 @@
   when it pays (decode/lookup.py): the default mode.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
+- `llama-cpp`: llama.cpp (`llama-cpp-python`) greedy on the target's GGUF file at its own precision, fed our
+  prompt token ids, on as many threads as torch; only when it is importable and the target is a GGUF (the
+  embedded one); never a dependency.
 
 Every method decodes greedily, or with `sampling` samples with the same parameters (each call of ours from its
 own seeds, `Sampled`, by rejection or coupled; HF's from its global generator, seeded per call), with the same
@@ -38,10 +41,10 @@ from ..model.target import Target
 from ..sampling import SamplingParams
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
-BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE = (
+BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP = (
     "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
-    "blockdraft-lookup", "dflash-reference")
-METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE)
+    "blockdraft-lookup", "dflash-reference", "llama-cpp")
+METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP)
 OURS = (BASELINE, SPECULATIVE, TREE, ADAPTIVE, LOOKUP)  # our decode loop: coupled samples compare across these
 REQUIRED = (BASELINE, HF_GENERATE)  # every speedup is against these, and every output is checked against the first
 
@@ -158,6 +161,35 @@ class ReferenceMethod:
         return Decoded(output_ids[0, len(prompt):].tolist(), stats)
 
 
+class LlamaCppMethod:
+    """llama.cpp's greedy decode of `gguf` (its own quantized weights), one prompt at a time on `threads` threads.
+
+    Our token ids go in as they are (no BOS added, no re-tokenising), so the chat template is the same as ours.
+    """
+
+    def __init__(self, llama_cls, gguf: str | Path, stop_token_ids: list[int], threads: int) -> None:
+        self.name, self.stop_token_ids = LLAMA_CPP, set(stop_token_ids)
+        # n_ctx 0: the model's own context length, as our decode loop allows.
+        self.llama = llama_cls(model_path=str(gguf), n_ctx=0, n_threads=threads, n_threads_batch=threads,
+                               verbose=False)
+
+    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        return [self._one(p, max_new_tokens) for p in prompts]
+
+    def _one(self, prompt: list[int], max_new_tokens: int) -> Decoded:
+        # Without a reset llama-cpp-python reuses the cached KV of a shared prefix (the warm-up ran this prompt):
+        # every call must prefill its whole prompt, as the other methods do.
+        self.llama.reset()
+        tokens: list[int] = []
+        # top_k 1 at temperature 0 is greedy; no repeat penalty, as in ours.
+        for token in self.llama.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                         reset=True):
+            tokens.append(int(token))
+            if token in self.stop_token_ids or len(tokens) >= max_new_tokens:
+                break
+        return Decoded(tokens)
+
+
 def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run, in their base order, from a comma-separated list (None: all of them); the two
     references are always kept. An unknown name is refused with the known ones."""
@@ -176,10 +208,10 @@ def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
 def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop_token_ids: list[int],
                   draft_folder: str | Path | None = None,
                   names: Sequence[str] = METHODS, sampling: SamplingParams | None = None,
-                  coupled: bool = False) -> tuple[list, list[str]]:
+                  coupled: bool = False, gguf: str | Path | None = None) -> tuple[list, list[str]]:
     """The methods named (all by default) that can run here, in their base order, and a note for each one
     skipped. With `sampling` (temperature > 0) every method samples, ours coupled when `coupled`; the reference
-    runtime is then left out."""
+    runtime and llama.cpp are then left out. `gguf`: the target's GGUF file, for llama.cpp."""
     s = dict(sampling=sampling)
     sampler = "coupled" if coupled else "rejection"
 
@@ -197,14 +229,21 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         ours(LOOKUP, "default"),
     ]
     methods = [m for m in methods if m.name in names]
-    if REFERENCE not in names:
-        return methods, []
-    if sampling is not None and not sampling.greedy:
-        return methods, [f"{REFERENCE} skipped: it is benchmarked greedy only"]
-    reference, note = reference_method(target, block_size, stop_token_ids, draft_folder)
-    if reference is not None:
-        methods.append(reference)
-    return methods, [note] if note else []
+    notes = []
+    for name in (REFERENCE, LLAMA_CPP):
+        if name not in names:
+            continue
+        if sampling is not None and not sampling.greedy:
+            method, note = None, f"{name} skipped: it is benchmarked greedy only"
+        elif name == REFERENCE:
+            method, note = reference_method(target, block_size, stop_token_ids, draft_folder)
+        else:
+            method, note = llama_cpp_method(gguf, stop_token_ids)
+        if method is not None:
+            methods.append(method)
+        if note:
+            notes.append(note)
+    return methods, notes
 
 
 def reference_method(target: Target, block_size: int, stop_token_ids: list[int],
@@ -223,6 +262,23 @@ def reference_method(target: Target, block_size: int, stop_token_ids: list[int],
         return None, f"{REFERENCE} skipped: the reference runtime could not load {draft_folder}: {error}"
     reference = reference.to(target.device).eval()
     return ReferenceMethod(target, reference, dflash_generate, block_size, stop_token_ids), None
+
+
+def llama_cpp_method(gguf: str | Path | None,
+                     stop_token_ids: list[int]) -> tuple[LlamaCppMethod | None, str | None]:
+    """llama.cpp on the target's GGUF file when it can run here, else (None, why it was skipped)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None, (f"{LLAMA_CPP} skipped: llama-cpp-python is not installed (optional; "
+                      "pip install llama-cpp-python)")
+    if gguf is None:
+        return None, f"{LLAMA_CPP} skipped: the target is not a GGUF file (llama.cpp runs the embedded target)"
+    # The same thread count as torch: a method with more cores would be measuring the machine, not the decoder.
+    try:
+        return LlamaCppMethod(Llama, gguf, stop_token_ids, torch.get_num_threads()), None
+    except ValueError as error:  # llama-cpp-python's "failed to load model": report, don't abort the run
+        return None, f"{LLAMA_CPP} skipped: llama.cpp could not load {gguf}: {error}"
 
 
 def _pad_token_id(target: Target, stop_token_ids: list[int]) -> int:

@@ -19,7 +19,7 @@ from ..bench.report import render, save_json, summary_line
 from ..decode.requests import check_request
 from ..errors import InputError
 from ..io.drafts import DEFAULT_DRAFT
-from ..io.targets import load_target, parse_dtype
+from ..io.targets import EMBEDDED_TARGET, embedded_gguf_path, load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
 from .common import add_model_arguments, add_sampling_arguments, context_window, prepare
@@ -95,7 +95,7 @@ def run(args) -> int:
                "full_vocab": args.full_vocab, "proposal_vocab_size": _vocab_size(draft)}
     draft_folder = _draft_folder(args.draft)
     return report(target, draft, ids, settings, args.out, prompt_ids=[f"{p.set}:{p.id}" for p in prompts],
-                  context=context, draft_folder=draft_folder)
+                  context=context, draft_folder=draft_folder, gguf=_target_gguf(args.target))
 
 
 def report(target, draft, prompts: list[list[int]], settings: BenchSettings, out: Path, **kwargs) -> int:
@@ -153,6 +153,11 @@ def _encode(target, messages) -> list[int]:
     if len(messages) == 1 and messages[0]["role"] == "user":
         return encode(target, messages[0]["content"])
     return encode(target, list(messages))
+
+
+def _target_gguf(name) -> Path | None:
+    """The GGUF file the target loads from, for llama.cpp: the embedded target's; None for any other target."""
+    return embedded_gguf_path() if name in (None, EMBEDDED_TARGET) else None
 
 
 def _draft_folder(path) -> Path | None:
