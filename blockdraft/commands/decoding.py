@@ -21,11 +21,14 @@ def decode_options(args, console) -> DecodeOptions:
     drawn here, and samples by rejection as an unseeded server request does (`sampling_line` prints both)."""
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
-    sampling = _sampling(args, console)
-    return resolve(None, block_size=args.block_size, tree=switch(args.tree), adaptive=switch(args.adaptive),
-                   lookup=switch(args.lookup), sampling=sampling,
-                   sampler="rejection" if args.seed is None and args.sampler == "auto" else args.sampler,
-                   draft_argmax=args.draft_argmax, window=context_window(args))
+    options = resolve(None, block_size=args.block_size, tree=switch(args.tree), adaptive=switch(args.adaptive),
+                      lookup=switch(args.lookup), sampling=_sampling(args, console),
+                      sampler="rejection" if args.seed is None and args.sampler == "auto" else args.sampler,
+                      draft_argmax=args.draft_argmax, window=context_window(args))
+    if options.draft_argmax and options.coupled:
+        console.print("[yellow]note: --draft-argmax applies to the rejection sampler only; a coupled sample's "
+                      "draft guesses argmax(log q + g) anyway[/yellow]")
+    return options
 
 
 def _sampling(args, console) -> SamplingParams:
@@ -37,13 +40,9 @@ def _sampling(args, console) -> SamplingParams:
                                      ("--min-p", args.min_p != 0.0), ("--seed", args.seed is not None),
                                      ("--draft-argmax", args.draft_argmax),
                                      ("--sampler", args.sampler != "auto")] if on]
-    coupled = args.sampler == "coupled" or (args.sampler == "auto" and args.seed is not None)
     if sampling.greedy and ignored:
         console.print(f"[yellow]note: {', '.join(ignored)} ignored at temperature 0 (greedy); "
                       "pass --temperature to sample[/yellow]")
-    elif args.draft_argmax and coupled:
-        console.print("[yellow]note: --draft-argmax applies to the rejection sampler only; a coupled sample's "
-                      "draft guesses argmax(log q + g) anyway[/yellow]")
     return sampling
 
 
