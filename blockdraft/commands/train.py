@@ -26,6 +26,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="stop after this many optimizer steps; default: all epochs")
     parser.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="stop after the step that ends past this many seconds from the first step, then "
+                             "checkpoint and write the draft; the learning-rate schedule ends with the budget")
+    parser.add_argument("--save-draft-every-seconds", type=float, default=None, metavar="SECONDS",
+                        help="also write the draft folder this often while training (atomically: a run killed "
+                             "mid-way leaves a loadable draft)")
+    parser.add_argument("--draft-out", default=None, help="folder for the draft (default: OUT/draft)")
     parser.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
     parser.add_argument("--val-fraction", type=float, default=0.02, help="share of the data held out for evaluation")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draft's initialisation and the data order")
@@ -83,6 +90,8 @@ def run(args) -> int:
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,
+        time_budget=args.time_budget, save_draft_every_seconds=args.save_draft_every_seconds,
+        draft_dir=args.draft_out,
     )
     device = rank_device(args.device)
     if device.startswith("cuda:"):

@@ -251,17 +251,21 @@ def _prepare_folder(folder: Path) -> None:
     stale = [f for f in folder.iterdir() if f.name in (WEIGHTS_FILE, INDEX_FILE) or SHARD_PATTERN.fullmatch(f.name)]
     if not stale:
         return
-    try:
-        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-        is_draft = ARCHITECTURE in config.get("architectures", [])
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError):
-        is_draft = False
-    if not is_draft:
+    if not is_draft_folder(folder):
         raise CheckpointError(f"{folder} already holds model weights that are not a DFlash draft "
                               f"({stale[0].name}); write the draft to an empty folder")
     (folder / CONFIG_FILE).unlink()
     for file in stale:
         file.unlink()
+
+
+def is_draft_folder(folder: Path) -> bool:
+    """Whether `folder`'s config.json names a DFlash draft (a folder that may be overwritten by another draft)."""
+    try:
+        config = json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
+        return ARCHITECTURE in config.get("architectures", [])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError):
+        return False
 
 
 def _plan_shards(tensors: dict[str, torch.Tensor], max_shard_size: int) -> list[dict[str, torch.Tensor]]:

@@ -11,7 +11,8 @@ Only safetensors and JSON: nothing is pickled. Data order and anchors are functi
 index), so the step and the position restore them; there is no RNG state to carry.
 
 A new checkpoint is written to `checkpoint.partial/` and swapped in by renames; a kill while saving leaves
-the previous checkpoint (possibly as `checkpoint.old/`) intact.
+the previous checkpoint (possibly as `checkpoint.old/`) intact. The exported draft folder (`save_draft`) is
+swapped in the same way, so a run cut short at any moment leaves a loadable draft where it wrote one.
 """
 
 from __future__ import annotations
@@ -20,14 +21,20 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..config import DraftConfig
-from ..errors import CheckpointError
-from ..io.checkpoint import read_checkpoint, write_checkpoint
+from ..decode.vocab import write_vocab
+from ..errors import CheckpointError, ConfigError, InputError
+from ..io.checkpoint import is_draft_folder, read_checkpoint, write_checkpoint
+from .settings import TrainConfig
+
+if TYPE_CHECKING:
+    from .trainer import Run
 
 CHECKPOINT = "checkpoint"
 STATE_JSON = "trainer_state.json"
@@ -51,7 +58,7 @@ def save_training_state(out: Path, cfg: DraftConfig, tensors: dict[str, torch.Te
     `names` are the trainable parameters' names in optimizer order; `trained`, the exact trained tensors that
     differ from `tensors` (read back by `read_trained_tensors`).
     """
-    final, partial, old = out / CHECKPOINT, out / (CHECKPOINT + ".partial"), out / (CHECKPOINT + ".old")
+    final, partial = out / CHECKPOINT, out / (CHECKPOINT + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     write_checkpoint(partial, cfg, tensors, dtype=torch.float32)
     save_file(_flatten_optimizer(optimizer, names), str(partial / STATE_TENSORS), metadata={"format": "pt"})
@@ -59,12 +66,76 @@ def save_training_state(out: Path, cfg: DraftConfig, tensors: dict[str, torch.Te
         contiguous = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in trained.items()}
         save_file(contiguous, str(partial / TRAINED_TENSORS), metadata={"format": "pt"})
     (partial / STATE_JSON).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    return _swap_in(partial, final)
+
+
+def save_draft(folder: Path, cfg: DraftConfig, tensors: dict[str, torch.Tensor], vocab_ids: list[int],
+               vocab_size: int, vocab_source: str) -> Path:
+    """Write the exported draft (bf16 weights, sharded below 15 MiB, and its proposal vocabulary) to `folder`
+    atomically: `folder.partial/` first, then renames. Only a draft folder (or nothing) is ever replaced."""
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()) and not is_draft_folder(folder):
+        raise CheckpointError(f"{folder} exists and holds no DFlash draft; the run would replace it with its draft: "
+                              "choose a new or empty folder for the draft")
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    write_checkpoint(partial, cfg, tensors, dtype=torch.bfloat16)
+    write_vocab(partial, vocab_ids, vocab_size, source=vocab_source)
+    return _swap_in(partial, folder)
+
+
+def _swap_in(partial: Path, final: Path) -> Path:
+    """Replace `final` by the complete folder `partial`: at every moment one of them (or `final.old`) is whole."""
+    old = final.with_name(final.name + ".old")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
     partial.rename(final)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def restore(run: Run) -> int | None:
+    """Load out_dir's checkpoint into the run (if resuming); returns its step, or None for a fresh run."""
+    cfg = run.cfg
+    folder = latest_checkpoint(cfg.out_dir)
+    if folder is None:
+        return None
+    if not cfg.resume:
+        raise InputError(f"{cfg.out_dir} already holds a training checkpoint; pass resume=True (--resume) to "
+                         "continue it, or choose an empty out_dir")
+    state = read_training_state(folder)
+    stored = {k: state["config"].get(k, TrainConfig.field_default(k)) for k in cfg.run_fields()}
+    changed = sorted(k for k, v in cfg.run_fields().items() if stored[k] != v)
+    if changed:
+        raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
+                          f"({ {k: stored[k] for k in changed} }); use the same settings or a new out_dir")
+    _check_same_data(folder, state.get("data"), run)
+    stored_dtype, dtype = state.get("target_dtype"), dtype_name(run.forward.target.dtype)
+    if stored_dtype is not None and stored_dtype != dtype:  # the features, and so the draft's inputs, would change
+        raise ConfigError(f"cannot resume {folder}: its target ran in {stored_dtype}, this one in {dtype}; pass "
+                          f"--target-dtype {stored_dtype}, or continue into a new out_dir with --init-from")
+    load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
+    if run.forward.scale is not None:  # the checkpoint's draft is the exported one; fc' comes bit-exact
+        run.forward.load_trained_state(read_trained_tensors(folder))
+    run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
+    run.skipped = state.get("skipped", 0)
+    return run.step
+
+
+def _check_same_data(folder: Path, stored: dict | None, run: Run) -> None:
+    """Refuse to resume on other data: the step's batches are indices into the examples, so they would change."""
+    if stored is None:  # written before checkpoints recorded their data
+        return
+    if stored["sha256"] != run.data_sha256:
+        raise InputError(f"cannot resume {folder}: it was trained on {stored['examples']} examples from "
+                         f"{stored['folders']}, and {run.cfg.data_names} now hold {len(run.examples)} other or "
+                         "reordered examples; pass the same --data folders in the same order, unchanged, or use a "
+                         "new out_dir (with --init-from to continue from its draft)")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def read_training_state(folder: Path) -> dict:

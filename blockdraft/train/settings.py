@@ -11,7 +11,10 @@ from ..config import gamma_for_block_size
 from ..errors import ConfigError
 
 # Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
-OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features")
+# A time budget is one too: a resumed run gets a budget of its own (it changes the schedule, but a budgeted run is
+# not reproducible step for step anyway).
+OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features",
+                      "time_budget", "save_draft_every_seconds", "draft_dir")
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,12 @@ class TrainConfig:
     weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (docs/training.md §3)
     dpace_alpha: float = 0.5  # D-PACE's acceptance floor α
     proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py), plus each batch's
+    time_budget: float | None = None  # seconds from the first step: stop after the step that crosses it (see _lr)
+    save_draft_every_seconds: float | None = None  # also write the draft folder this often, not only at the end
+    draft_dir: Path | None = None  # where the draft folder goes; None: out_dir/draft
 
     def __post_init__(self) -> None:
-        for name in ("out_dir", "init_from"):
+        for name in ("out_dir", "init_from", "draft_dir"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         folders = (self.data_dirs,) if isinstance(self.data_dirs, (str, Path)) else tuple(self.data_dirs)
@@ -76,6 +82,9 @@ class TrainConfig:
                   ("weighting", self.weighting in ("decay", "dpace"), "decay or dpace"),
                   ("dpace_alpha", 0 <= self.dpace_alpha <= 1, "in [0, 1]"),
                   ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
+                  ("time_budget", self.time_budget is None or self.time_budget > 0, "> 0 seconds or None"),
+                  ("save_draft_every_seconds", self.save_draft_every_seconds is None
+                   or self.save_draft_every_seconds > 0, "> 0 seconds or None"),
                   # float16 autocast would need loss scaling against gradient underflow, which the trainer does not do
                   ("dtype", self.dtype in ("bfloat16", "float32"), "bfloat16 or float32 (float16 needs loss scaling)")]
         problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
@@ -84,6 +93,14 @@ class TrainConfig:
             raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")
         if self.gamma is None:
             gamma_for_block_size(self.block_size)  # no published gamma for this K: refuse now, not mid-run
+
+    @property
+    def data_names(self) -> str:
+        return ", ".join(str(folder) for folder in self.data_dirs)
+
+    @property
+    def draft_folder(self) -> Path:
+        return self.draft_dir if self.draft_dir is not None else self.out_dir / "draft"
 
     @property
     def loss_gamma(self) -> float:

@@ -12,6 +12,10 @@ Per optimizer step:
    the last one).
 4. Update: clip, AdamW at the warmup-cosine learning rate of this step.
 Then log, evaluate on held-out data, checkpoint (rank 0 writes).
+
+A run ends after its last step, or with `time_budget` after the first step that ends past the budget; it then
+logs, evaluates and checkpoints as at its last step, and writes the draft. `save_draft_every_seconds` also
+writes the draft folder while the run goes on (atomically), so a run killed mid-way leaves a loadable draft.
 """
 
 from __future__ import annotations
@@ -22,20 +26,19 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import monotonic
 from typing import Callable
 
 import torch
 
 from ..config import DraftConfig, check_against_target, choose_mask_token_id, provenance_for
-from ..errors import ConfigError, InputError
-from ..io.checkpoint import read_checkpoint, write_checkpoint
-from ..decode.vocab import emitted_tokens, read_vocab, write_vocab
+from ..io.checkpoint import read_checkpoint
+from ..decode.vocab import emitted_tokens, read_vocab
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .batches import data_fingerprint, epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
-from .checkpointing import (latest_checkpoint, load_training_state, read_trained_tensors, read_training_state,
-                            save_training_state)
+from .checkpointing import dtype_name, restore, save_draft, save_training_state
 from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .features import FeatureCache
@@ -81,10 +84,20 @@ class Run:
     vocab_ids: list[int] = field(default_factory=list)  # the draft's proposal vocabulary, written beside it
     vocab_source: str = ""
     data_sha256: str = ""  # `data_fingerprint` of the examples: a resume must find the same data
+    lr: float = 0.0  # the learning rate of the last step
+    started: float = 0.0  # monotonic() at the first step of this process
+    elapsed: float = 0.0  # seconds since `started` after the last step, the same on every rank
+    draft_saved: float = 0.0  # `elapsed` when the draft folder was last written
 
     @property
     def device(self) -> torch.device:
         return self.target.device
+
+    @property
+    def finished(self) -> bool:
+        """All steps done, or the time budget spent."""
+        budget = self.cfg.time_budget
+        return self.step >= self.total_steps or (budget is not None and self.elapsed >= budget)
 
     @property
     def max_len(self) -> int:
@@ -108,10 +121,12 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
         run, log = _prepare(target, cfg, ranks)
         with progress_bar(ranks.rank == 0) as progress:
             task = progress.add_task("train", total=run.total_steps, completed=run.step, info="")
-            while run.step < run.total_steps:
+            run.started = monotonic()
+            while not run.finished:
                 _step(run)
+                run.elapsed = _elapsed(run)
                 _after_step(run, log)
-                info = progress_info(run.last_train, run.last_val, _lr(run, run.step - 1))
+                info = progress_info(run.last_train, run.last_val, run.lr)
                 progress.update(task, completed=run.step, info=info)
                 if on_step is not None:
                     on_step(run.step)
@@ -127,7 +142,7 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     freeze_target(target)
     examples, train_indices, val_indices = load_split(cfg.data_dirs, cfg.val_fraction, cfg.seed)
     draft_cfg, draft = _build_draft(target, cfg)
-    notes = [check_data(examples, draft_cfg, _folders(cfg), cfg.max_seq_len), *data_notes(cfg.data_dirs, target.name)]
+    notes = [check_data(examples, draft_cfg, cfg.data_names, cfg.max_seq_len), *data_notes(cfg.data_dirs, target.name)]
     for note in notes if ranks.rank == 0 else []:
         if note:
             print(f"note: {note}")
@@ -145,7 +160,7 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     run = Run(cfg, target, ranks, examples, train_indices, val_indices, draft_cfg, forward, forward, optimizer,
               names, head_weight(target, autocast_dtype or torch.float32), autocast_dtype, total,
               data_sha256=data_fingerprint(examples))
-    resume_step = _restore(run)
+    resume_step = restore(run)
     if ranks.world > 1:
         device_ids = [target.device.index] if target.device.type == "cuda" else None
         run.model = torch.nn.parallel.DistributedDataParallel(forward, device_ids=device_ids)
@@ -191,7 +206,7 @@ def _proposal_ids(cfg: TrainConfig, examples: list[Example], vocab_size: int) ->
     responses, joined with the vocabulary of the draft this run continues (`init_from`'s sidecar), so that a
     draft continued on new data still proposes what it learnt from the old."""
     ids = set(emitted_tokens(examples))
-    source = f"response tokens of {len(examples)} training examples in {_folders(cfg)}"
+    source = f"response tokens of {len(examples)} training examples in {cfg.data_names}"
     inherited = read_vocab(cfg.init_from, vocab_size) if cfg.init_from is not None else None
     if inherited is not None:
         ids.update(inherited.tolist())
@@ -210,56 +225,24 @@ def _measure_scale(target: Target, examples: list[Example], train_indices: list[
     return feature_scale(features)
 
 
-def _restore(run: Run) -> int | None:
-    """Load out_dir's checkpoint into the run (if resuming); returns its step, or None for a fresh run."""
-    cfg = run.cfg
-    folder = latest_checkpoint(cfg.out_dir)
-    if folder is None:
-        return None
-    if not cfg.resume:
-        raise InputError(f"{cfg.out_dir} already holds a training checkpoint; pass resume=True (--resume) to "
-                         "continue it, or choose an empty out_dir")
-    state = read_training_state(folder)
-    stored = {k: state["config"].get(k, TrainConfig.field_default(k)) for k in cfg.run_fields()}
-    changed = sorted(k for k, v in cfg.run_fields().items() if stored[k] != v)
-    if changed:
-        raise ConfigError(f"cannot resume {folder}: {changed} differ from the run that wrote it "
-                          f"({ {k: stored[k] for k in changed} }); use the same settings or a new out_dir")
-    _check_same_data(folder, state.get("data"), run)
-    stored_dtype, dtype = state.get("target_dtype"), _dtype_name(run.forward.target.dtype)
-    if stored_dtype is not None and stored_dtype != dtype:  # the features, and so the draft's inputs, would change
-        raise ConfigError(f"cannot resume {folder}: its target ran in {stored_dtype}, this one in {dtype}; pass "
-                          f"--target-dtype {stored_dtype}, or continue into a new out_dir with --init-from")
-    load_training_state(folder, run.draft_cfg, run.forward.draft, run.optimizer, run.names)
-    if run.forward.scale is not None:  # the checkpoint's draft is the exported one; fc' comes bit-exact
-        run.forward.load_trained_state(read_trained_tensors(folder))
-    run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
-    run.skipped = state.get("skipped", 0)
-    return run.step
+def _elapsed(run: Run) -> float:
+    """Seconds since the first step, averaged over ranks: every rank then takes the same learning rate and stops
+    after the same step (a rank stopping alone would leave the others waiting in a collective)."""
+    seconds = monotonic() - run.started
+    if run.ranks.world == 1:
+        return seconds
+    return float(run.ranks.sum(torch.tensor(seconds, dtype=torch.float64, device=run.device))) / run.ranks.world
 
 
-def _check_same_data(folder: Path, stored: dict | None, run: Run) -> None:
-    """Refuse to resume on other data: the step's batches are indices into the examples, so they would change."""
-    if stored is None:  # written before checkpoints recorded their data
-        return
-    if stored["sha256"] != run.data_sha256:
-        raise InputError(f"cannot resume {folder}: it was trained on {stored['examples']} examples from "
-                         f"{stored['folders']}, and {_folders(run.cfg)} now hold {len(run.examples)} other or "
-                         "reordered examples; pass the same --data folders in the same order, unchanged, or use a "
-                         "new out_dir (with --init-from to continue from its draft)")
+def _lr(run: Run, step: float) -> float:
+    """Linear warmup over the first warmup_fraction of steps, then cosine down to min_lr.
 
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _folders(cfg: TrainConfig) -> str:
-    return ", ".join(str(folder) for folder in cfg.data_dirs)
-
-
-def _lr(run: Run, step: int) -> float:
-    """Linear warmup over the first warmup_fraction of steps, then cosine down to min_lr."""
+    With a time budget the schedule runs by whichever is further along, the steps or the clock: step s after t of
+    T seconds counts as max(s, total · t/T), so warmup and decay end with the budget even when the steps would
+    not (t < T at every step the loop takes, so the position stays below total)."""
     cfg, total = run.cfg, run.total_steps
+    if cfg.time_budget is not None:
+        step = max(step, total * run.elapsed / cfg.time_budget)
     warmup = math.ceil(cfg.warmup_fraction * total)
     if step < warmup:
         return cfg.lr * (step + 1) / warmup
@@ -279,6 +262,7 @@ def _step(run: Run) -> None:
              for part in rank_micro_batches(batch, ranks.rank, ranks.world, micro_size)]
     # 2. Normaliser, before any forward: the weights do not depend on the model.
     W = float(ranks.sum(torch.tensor(sum(m.weight for m in micro), dtype=torch.float64, device=run.device)))
+    run.lr = _lr(run, run.step)
     if W > 0:
         # 3. Micro-batches.
         for i, mb in enumerate(micro):
@@ -294,7 +278,7 @@ def _step(run: Run) -> None:
             run.metrics.add(total, hits, mb.blocks.weights)
         # 4. Update.
         for group in run.optimizer.param_groups:
-            group["lr"] = _lr(run, run.step)
+            group["lr"] = run.lr
         run.grad_norm = float(torch.nn.utils.clip_grad_norm_(run.forward.parameters(), cfg.clip))
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
@@ -324,13 +308,14 @@ def _features(run: Run, mb) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _after_step(run: Run, log: MetricsLog | None) -> None:
-    """Log every log_every steps, evaluate every eval_every, checkpoint every save_every (and at the end)."""
-    cfg, step, last = run.cfg, run.step, run.step == run.total_steps
+    """Log every log_every steps, evaluate every eval_every, checkpoint every save_every (and at the end); write
+    the draft every save_draft_every_seconds."""
+    cfg, step, last = run.cfg, run.step, run.finished
     if step % cfg.log_every == 0 or last:
         # Every rank reaches this at the same step: the one all-reduce of the interval's sums.
         summary = BlockMetrics(run.metrics.block_size, run.ranks.sum(run.metrics.sums)).summary()
         run.metrics = BlockMetrics.zeros(run.draft_cfg.block_size, run.device)
-        run.last_train = {"split": "train", "step": step, "epoch": run.epoch, "lr": _lr(run, step - 1),
+        run.last_train = {"split": "train", "step": step, "epoch": run.epoch, "lr": run.lr,
                           "loss": summary["loss"], "acc": summary["acc"], "grad_norm": round(run.grad_norm, 5),
                           "skipped": run.skipped}
         if log is not None:
@@ -343,13 +328,17 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
     if (step % cfg.save_every == 0 or last) and run.ranks.rank == 0:
         state = {"format": 1, "step": step, "epoch": run.epoch, "position": run.position,
                  "skipped": run.skipped, "total_steps": run.total_steps, "world_size": run.ranks.world,
-                 "scheduler": {"kind": "linear warmup, cosine", "lr": _lr(run, step - 1),
+                 "scheduler": {"kind": "linear warmup, cosine", "lr": run.lr,
                                "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
                  "rng": {"seed": cfg.seed, "order": "sha256(seed, epoch)", "anchors": "sha256(seed, step, index)"},
-                 "data": {"folders": _folders(cfg), "examples": len(run.examples), "sha256": run.data_sha256},
-                 "config": cfg.run_fields(), "target_dtype": _dtype_name(run.forward.target.dtype)}
+                 "data": {"folders": cfg.data_names, "examples": len(run.examples), "sha256": run.data_sha256},
+                 "config": cfg.run_fields(), "target_dtype": dtype_name(run.forward.target.dtype)}
         save_training_state(cfg.out_dir, run.draft_cfg, run.forward.export_state(), run.optimizer, run.names, state,
                             trained=run.forward.trained_state())
+    every = cfg.save_draft_every_seconds
+    if every is not None and not last and run.elapsed - run.draft_saved >= every and run.ranks.rank == 0:
+        _write_draft(run)
+        run.draft_saved = run.elapsed
 
 
 def _evaluate(run: Run) -> dict:
@@ -364,11 +353,14 @@ def _evaluate(run: Run) -> dict:
 
 
 def _finish(run: Run, log: MetricsLog | None) -> Path:
-    """Write the final draft (bf16, with provenance) to out_dir/draft on rank 0."""
-    folder = run.cfg.out_dir / "draft"
+    """Write the final draft (bf16, with provenance) to the draft folder on rank 0."""
     if run.ranks.rank == 0:
-        write_checkpoint(folder, run.draft_cfg, run.forward.export_state(), dtype=torch.bfloat16)
-        write_vocab(folder, run.vocab_ids, run.target.lm_head.weight.shape[0], source=run.vocab_source)
+        _write_draft(run)
         if log is not None and log.records:
             plot_curves(log.records, run.cfg.out_dir / "curves.png")
-    return folder
+    return run.cfg.draft_folder
+
+
+def _write_draft(run: Run) -> Path:
+    return save_draft(run.cfg.draft_folder, run.draft_cfg, run.forward.export_state(), run.vocab_ids,
+                      run.target.lm_head.weight.shape[0], run.vocab_source)
