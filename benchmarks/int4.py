@@ -3,8 +3,8 @@
     python benchmarks/int4.py rows --threads 1      # int4 kernel vs packed bf16 product per shape and row count
     python benchmarks/int4.py decode --threads 2    # greedy decode of the target alone, bf16 vs q4, interleaved
 
-`rows` times one product per SmolLM2-135M fused shape at 1 to 16 rows (median and min of 9 repeats, us): the
-table behind model/q4.py's INT4_MAX_ROWS. `decode` loads both targets, prints the bytes of their weight tensors
+`rows` times one product per SmolLM2-135M fused shape at 1 to 256 rows (median and min of 9 repeats, us): what
+the int4 kernel costs against a packed bf16 product (model/q4.py runs int4 at every row count). `decode` loads both targets, prints the bytes of their weight tensors
 and the process RSS after each load, then decodes one prompt for --tokens greedy tokens --repeats times per
 target, alternating, and reports median tokens/s, whether q4 repeats itself and where it first leaves bf16.
 The last line is one JSON object.
@@ -49,7 +49,7 @@ def rows() -> dict:
         codes, scales_zeros = q4.int4_form([q4.Q4Blocks(raw)])
         weight = q4.pack_int4(codes, scales_zeros)
         packed = PackedLinear(q4.dequantize_int4(codes, scales_zeros).to(torch.bfloat16))
-        for m in (1, 2, 3, 4, 6, 8, 12, 16):
+        for m in (1, 2, 4, 9, 17, 64, 256):
             x = torch.randn(m, d).to(torch.bfloat16)
             int4, bf16 = timed(lambda: q4._int4_mm(x, weight)), timed(lambda: packed.product(x))
             table[f"{n}x{d}@{m}"] = {"int4_us": int4, "bf16_packed_us": bf16}
@@ -59,12 +59,11 @@ def rows() -> dict:
 
 
 def weight_bytes(target) -> dict:
-    """Bytes held by the model's parameters, the packed bf16 copies and the int4 weights."""
+    """Bytes held by the model's parameters, the packed bf16 copies (layers and head) and the int4 weights."""
     params = sum(p.numel() * p.element_size() for p in target.model.parameters())
-    packs = [f for linears in target.linears for f in linears.values()]
-    fallbacks = [f.fallback if isinstance(f, q4.Q4Linear) else f for f in packs] + [target.head]
-    packed = sum(f.packed.numel() * 2 for f in fallbacks if isinstance(f, PackedConcat))  # bf16 elements
-    int4 = sum(f.weight.nbytes for linears in target.linears for f in linears.values() if isinstance(f, q4.Q4Linear))
+    kernels = [f for linears in target.linears for f in linears.values()] + [target.head]
+    packed = sum(f.packed.numel() * 2 for f in kernels if isinstance(f, PackedConcat))  # bf16 elements
+    int4 = sum(f.weight.nbytes for f in kernels if isinstance(f, q4.Q4Linear))
     return {"parameters": params, "packed_bf16_copies": packed, "int4": int4, "total": params + packed + int4}
 
 

@@ -47,10 +47,10 @@ def test_dequantized_int4_weights_are_the_kernels_bits():
     assert torch.equal(q4.dequantize_int4(codes, scales_zeros), kernel)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4])
+@pytest.mark.parametrize("rows", [1, 3, 9])
 def test_kernel_matches_dequantized_q4_1_linear_within_bf16_rounding(rows):
     parts = [random_blocks(64, 192, seed=1), random_blocks(32, 192, seed=2)]  # a fused pair, as q/k or gate/up
-    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form(parts)), fallback=None, max_rows=4)
+    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form(parts)))
     x = torch.randn(rows, 192).to(torch.bfloat16)
     reference = F.linear(x.float(), torch.cat([q4.dequantize_q4_1(p) for p in parts]))  # [rows, 96] float32
     out = linear(x).float()
@@ -59,38 +59,69 @@ def test_kernel_matches_dequantized_q4_1_linear_within_bf16_rounding(rows):
         f"int4 product off by {(out - reference).abs().max():.4g}: not the file's weights"
 
 
-def test_many_rows_and_gradients_take_the_fallback():
-    calls = []
-    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form([random_blocks(32, 64)])), fallback=calls.append, max_rows=4)
-    linear(torch.randn(1, 5, 64).to(torch.bfloat16))
-    linear(torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True))
-    assert len(calls) == 2, "5 rows, or a gradient, must run the bf16 fallback, not the int4 kernel"
-    assert linear(torch.randn(2, 2, 64).to(torch.bfloat16)).shape == (2, 2, 32)
+@pytest.mark.parametrize("rows", [2, 9, 17, 64])
+def test_each_row_of_a_product_has_the_bits_of_that_row_alone(rows):
+    # What makes speculation exact over int4 weights: a K-row verify block multiplies each row as a one-token
+    # step of the target alone does. A kernel that blocked rows together could round them differently.
+    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form([random_blocks(96, 128, seed=3)])))
+    x = torch.randn(rows, 128).to(torch.bfloat16)
+    together = linear(x)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(rows)])
+    assert torch.equal(together, alone), f"{rows} rows together differ from each row alone"
+
+
+@pytest.mark.parametrize("start, stop", [(0, 64), (64, 128), (64, 96), (16, 48)])
+def test_row_modules_compute_the_rows_of_the_stacked_product(start, stop):
+    weight = q4.pack_int4(*q4.int4_form([random_blocks(64, 128, seed=4), random_blocks(64, 128, seed=5)]))
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    whole = q4.Q4Linear(weight)(x)
+    assert torch.equal(q4.Q4Module(weight, start, stop)(x), whole[:, start:stop])
+    if start % 64 == 0 and stop % 64 == 0:
+        assert q4.rows_of(weight, start, stop).packed.untyped_storage().data_ptr() == \
+            weight.packed.untyped_storage().data_ptr(), "aligned rows must be a view, not a copy"
+
+
+def test_gradients_are_refused_with_the_fix():
+    from blockdraft.errors import ConfigError
+
+    linear = q4.Q4Linear(q4.pack_int4(*q4.int4_form([random_blocks(32, 64)])))
+    with pytest.raises(ConfigError, match="inference only.*bf16 or float32"):
+        linear(torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True))
 
 
 def quantized_target(seed: int = 0) -> tuple[Target, Target]:
-    """A tiny bf16 Llama target over Q4_1 blocks of its own weights, and a plain one sharing the (now int4,
-    dequantized) weights."""
+    """A tiny bf16 Llama target over Q4_1 blocks of its own weights, and a plain bf16 one over the same weights as
+    the int4 kernel sees them (dequantized)."""
+    import copy
+
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16)).bfloat16()
-    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # decisive argmaxes: greedy ties would test nothing
     layers = []
-    for layer in model.model.layers:
-        modules = {n: getattr(layer.self_attn, a) for n, a in names.items()}
+    plain = copy.deepcopy(model)
+    for layer, twin in zip(model.model.layers, plain.model.layers):
+        modules = {n: getattr(layer.self_attn, f"{n}_proj") for n in ("q", "k", "v", "o")}
         modules |= {n: getattr(layer.mlp, f"{n}_proj") for n in ("gate", "up", "down")}
-        layers.append({n: q4.Q4Blocks(torch.from_numpy(gguf.quants.quantize(m.weight.detach().float().numpy(), Q4_1)))
-                       for n, m in modules.items()})
-    quantized = Target(model, quantized=layers, pack_weights=True)
-    return quantized, Target(model, pack_weights=True)
+        blocks = {n: q4.Q4Blocks(torch.from_numpy(gguf.quants.quantize(m.weight.detach().float().numpy(), Q4_1)))
+                  for n, m in modules.items()}
+        layers.append(blocks)
+        for n, b in blocks.items():  # the twin multiplies by the kernel's own weights, in bf16
+            owner = twin.self_attn if n in ("q", "k", "v", "o") else twin.mlp
+            with torch.no_grad():
+                getattr(owner, f"{n}_proj").weight.copy_(q4.dequantize_int4(*q4.int4_form([b])))
+    return Target(model, quantized=layers, pack_weights=True), Target(plain, pack_weights=True)
 
 
-def test_quantized_target_steps_like_bf16_over_the_same_weights():
-    from blockdraft.decode.decoder import Decoder
-
+def test_quantized_target_frees_its_bf16_projections_and_steps_like_them():
     quantized, plain = quantized_target()
+    assert all(isinstance(m, q4.Q4Module) for layer in quantized.layers for m in
+               (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.down_proj))
+    kept = {name for name, _ in quantized.model.named_parameters() if "proj" in name}
+    assert not kept, f"bf16 projection weights still held: {sorted(kept)[:3]}"
     prompt = torch.randint(3, 96, (1, 9), generator=torch.Generator().manual_seed(0))
     results = []
     for target in (quantized, plain):
@@ -98,12 +129,30 @@ def test_quantized_target_steps_like_bf16_over_the_same_weights():
         prefill = target.forward(prompt, torch.arange(9)[None], cache, logit_rows=torch.tensor([[8]]))
         step = target.forward(torch.tensor([[5]]), torch.tensor([[9]]), cache, logit_rows=torch.tensor([[0]]))
         results.append((prefill.logits, step.logits))
-    (q_prefill, q_step), (p_prefill, p_step) = results
-    assert torch.equal(q_prefill, p_prefill), "a 9-row prefill must run the bf16 products over the same weights"
-    assert torch.allclose(q_step, p_step, atol=0.05 * p_step.abs().max().item()), "a one-row int4 step drifted"
-    first = Decoder(quantized, None).generate([prompt[0].tolist()], max_new_tokens=12, stop_token_ids=[])
-    again = Decoder(quantized, None).generate([prompt[0].tolist()], max_new_tokens=12, stop_token_ids=[])
-    assert first[0].tokens == again[0].tokens, "int4 greedy decoding must be deterministic"
+    for (q, p), what in zip(zip(*results), ("prefill", "step")):
+        assert torch.allclose(q, p, atol=0.05 * p.abs().max().item()), f"an int4 {what} drifted from its weights"
+    # The Hugging Face model runs the same int4 products through the swapped modules.
+    hf = quantized.model(prompt).logits[:, -1].float()
+    assert torch.allclose(hf, results[0][0][:, 0], atol=0.05 * hf.abs().max().item())
+
+
+def test_speculation_over_int4_weights_returns_the_target_alones_tokens():
+    from conftest import ScriptedDrafter
+
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.options import DecodeOptions
+
+    quantized, _ = quantized_target(seed=1)
+    prompts = [torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (7, 11)]
+    alone = Decoder(quantized, None).generate(prompts, max_new_tokens=24, stop_token_ids=[])
+    assert alone[0].tokens == Decoder(quantized, None).generate(prompts, max_new_tokens=24,
+                                                                stop_token_ids=[])[0].tokens, "not deterministic"
+    reference = [p + r.tokens for p, r in zip(prompts, alone)]
+    options = DecodeOptions(block_size=6, tree=False, adaptive=False, lookup=False)
+    drafted = Decoder(quantized, ScriptedDrafter(reference, 6), options).generate(prompts, max_new_tokens=24,
+                                                                                  stop_token_ids=[])
+    for row, (a, d) in enumerate(zip(alone, drafted)):
+        assert d.tokens == a.tokens, f"row {row}: verify blocks over int4 weights left the target's own tokens"
 
 
 def write_gguf(path: Path, qtype) -> Path:

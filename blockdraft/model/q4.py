@@ -6,10 +6,13 @@ one), and means w = d * q + m. torch's CPU int4 kernel (`_weight_int4pack_mm_for
 w = (q - 8) * scale + zero per group, so a block is a group with scale = d and zero = m + 8d.
 
 Why: a one-token step is bound by the bytes of weight it reads. The layers' linears are 212 MB in bf16 and 66 MB
-as Q4_1; the int4 kernel reads the latter. With many rows (a prefill, a wide verify block) the int4 kernel loses
-to bf16, so each `Q4Linear` runs it up to `max_rows` rows and a bf16 linear over the same weights, dequantized,
-above that. Scales and zeros are kept in bf16: the kernel is fast with them, and they round the weights about as
-much as storing the weights themselves in bf16 does.
+as Q4_1; the int4 kernel reads the latter. Every product of the layers runs the int4 kernel, at every row count:
+its rows are computed independently (row r of an M-row product has the bits of that row alone, tested), so a
+one-token step of the target alone and a K-row verify block multiply by the same weights in the same way, and
+speculation returns the target's own tokens. At many rows (a long prefill) it is about 1.3x slower than a bf16
+product, which would need the 212 MB of bf16 weights kept beside the int4 ones; they are freed instead.
+Scales and zeros are kept in bf16: the kernel is fast with them, and they round the weights about as much as
+storing the weights themselves in bf16 does.
 
 Shapes: M rows, D input features, N output features, G = D / 32 blocks per row.
 """
@@ -21,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 
 BLOCK = 32  # inputs per Q4_1 block, and the kernel's group size
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
@@ -106,49 +110,85 @@ def _int4_mm(x: torch.Tensor, weight: Q4Weight) -> torch.Tensor:
 
 
 class Q4Linear:
-    """x [..., D] -> [..., N] over an int4 weight for at most `max_rows` rows, else `fallback(x)`: a bf16 linear
-    over the same weights, dequantized (`dequantize_int4`), which is faster for many rows.
+    """x [..., D] -> [..., N] over an int4 weight, at any row count; inference only (the kernel has no backward)."""
 
-    Inputs that need a gradient take the fallback too: the int4 kernel has no backward."""
-
-    def __init__(self, weight: Q4Weight, fallback, max_rows: int) -> None:
-        self.weight, self.fallback, self.max_rows = weight, fallback, max_rows
+    def __init__(self, weight: Q4Weight) -> None:
+        self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad:  # the kernel has no backward: a gradient would silently stop here
+            raise ConfigError("int4 weights (--weights q4) serve inference only; train over a bf16 or float32 target")
         flat = x.reshape(-1, x.shape[-1])  # [M, D]
-        if flat.shape[0] > self.max_rows or x.requires_grad:  # many rows: bf16 is faster; gradients: no backward
-            return self.fallback(x)
         return _int4_mm(flat.contiguous(), self.weight).view(*x.shape[:-1], -1)
 
 
-# The most rows the int4 kernel serves before the bf16 product takes over. Measured against the packed bf16
-# product (packed.py) on SmolLM2-135M's fused shapes (960x576, 576x576, 3072x576, 576x1536), bf16 rows, one
-# thread, medians of 9 (us): int4 is faster or even at 1 to 4 rows for every shape (3072x576: 110 vs 161 at one
-# row, 208 vs 207 at four), even to slower at 6 to 8, slower from 12 (3072x576: 826 vs 685 at 16). The weights
-# stay in cache there; in a decode they stream from memory, which favours int4 more. Command:
-# python benchmarks/int4.py rows --threads 1. Fixed, never timed per step: the arithmetic never depends on load.
-INT4_MAX_ROWS = 4
+# The int4 kernel's packed layout interleaves output rows in groups of this many: rows a..b of a packed weight are
+# a weight of their own only when a and b are multiples of it (tests/test_q4.py).
+PACKED_ROW_GROUP = 64
 
 
-def int4_layer(linears: dict, modules: dict, blocks: dict[str, Q4Blocks]) -> dict[str, Q4Weight]:
-    """The int4 weight of each projection a layer runs (`linears`, as target._layer_linears builds them: some
-    fused), made from its Q4_1 blocks; each module's own bf16 weight (`modules`, by part name) is overwritten with
-    the int4 kernel's weights, dequantized, so the bf16 products for many rows compute with the same weights."""
-    weights = {}
-    for name in linears:
-        parts = FUSED.get(name, (name,))
-        codes, scales_zeros = int4_form([blocks[part] for part in parts])
-        weights[name] = pack_int4(codes, scales_zeros)
-        dequantized = dequantize_int4(codes, scales_zeros).split([modules[part].out_features for part in parts])
-        with torch.no_grad():  # a parameter that requires grad refuses an in-place copy otherwise
-            for part, rows in zip(parts, dequantized):
-                modules[part].weight.copy_(rows)
-    return weights
+class Q4Module(nn.Module):
+    """An `nn.Linear` stand-in for output rows start..stop-1 of an int4 weight, so that the Hugging Face model,
+    whose bf16 projections are freed, still runs the same products as the target's fast path. The rows run as a
+    view of the weight when they start and stop on its packed row groups, else as the whole product, sliced."""
+
+    def __init__(self, weight: Q4Weight, start: int, stop: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.in_features, stop - start
+        if start % PACKED_ROW_GROUP == 0 and stop % PACKED_ROW_GROUP == 0:
+            self.kernel, self.rows = Q4Linear(rows_of(weight, start, stop)), None
+        else:
+            self.kernel, self.rows = Q4Linear(weight), slice(start, stop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.kernel(x)
+        return out if self.rows is None else out[..., self.rows]
 
 
-def wrap(linears: dict, weights: dict[str, Q4Weight]) -> dict:
-    """The layer's projections with each one running int4 for at most INT4_MAX_ROWS rows, `linears[name]` above."""
-    return {name: Q4Linear(weights[name], f, INT4_MAX_ROWS) for name, f in linears.items()}
+def rows_of(weight: Q4Weight, start: int, stop: int) -> Q4Weight:
+    """Output rows start..stop-1 (multiples of PACKED_ROW_GROUP) of an int4 weight: the packed codes as a view, the
+    scales copied (small)."""
+    if start % PACKED_ROW_GROUP or stop % PACKED_ROW_GROUP:
+        raise ValueError(f"rows {start}..{stop} cut the packed row groups of {PACKED_ROW_GROUP}")
+    return Q4Weight(weight.packed[start:stop], weight.scales_zeros[:, start:stop].contiguous(), weight.in_features)
+
+
+def int4_layer(blocks: dict[str, Q4Blocks]) -> dict[str, Q4Weight]:
+    """A layer's projections as int4 weights, q/k/v and gate/up stacked into one product each (the names of
+    target._layer_linears: qkv, o, gate_up, down), from the layer's Q4_1 blocks (by part name)."""
+    return {name: pack_int4(*int4_form([blocks[part] for part in FUSED.get(name, (name,))]))
+            for name in ("qkv", "o", "gate_up", "down")}
+
+
+def replace_projections(modules: dict, owners: dict, weights: dict[str, Q4Weight]) -> None:
+    """Swap each projection module (`modules`, by part name; `owners[part]` = (parent module, attribute)) for a
+    Q4Module over its rows of the layer's int4 `weights`; the bf16 weights they held are dropped."""
+    for name, weight in weights.items():
+        start = 0
+        for part in FUSED.get(name, (name,)):
+            stop = start + modules[part].out_features
+            if modules[part].in_features != weight.in_features:  # another model's file pairs shapes wrongly
+                raise ConfigError(f"the GGUF's {part} projection takes {weight.in_features} inputs, the target's "
+                                  f"{modules[part].in_features}; pass the GGUF of this target")
+            owner, attribute = owners[part]
+            setattr(owner, attribute, Q4Module(weight, start, stop))
+            start = stop
+        if start != weight.packed.shape[0]:
+            raise ConfigError(f"the GGUF's {name} weights have {weight.packed.shape[0]} rows, the target's "
+                              f"{start}; pass the GGUF of this target")
+
+
+def release_freed_memory() -> None:
+    """Hand the freed bf16 projections' memory back to the system now: without this, glibc keeps most of it in the
+    process (about 290 MB more resident for SmolLM2-135M)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): the memory is reused by the process
+        pass
 
 
 def read_q4_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Q4Blocks]]:

@@ -38,7 +38,7 @@ class Target:
     target whose copy fits in a quarter of the machine's memory.
 
     `quantized` (per layer, each projection's Q4_1 blocks from a GGUF file: q4.read_q4_layers) runs the seven
-    projections at the file's own precision: int4 products for few rows, bf16 ones over the same weights for more.
+    projections at the file's own precision, as int4 products at every row count; their bf16 weights are freed.
     """
 
     def __init__(self, model, tokenizer=None, name: str = "", pack_weights: bool | None = None,
@@ -63,17 +63,16 @@ class Target:
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
         self.packed = self._should_pack() if pack_weights is None else pack_weights and self._can_pack()
+        self.quantized = quantized is not None  # int4 layer products: step costs differ (decode/costs.py)
         # Per layer: the seven projections, packed (q/k/v and gate/up stacked into one product each) or the HF
-        # modules themselves.
-        self.linears = [_layer_linears(layer, self.packed) for layer in self.layers]
+        # modules themselves; int4 (stacked the same way) for a quantized target.
+        self.linears = (self._int4_linears(quantized) if quantized is not None
+                        else [_layer_linears(layer, self.packed) for layer in self.layers])
         # The same, with each packed one as its unchecked product: a forward checks every packed copy once
         # (`_projections`) instead of at each of its ~120 calls, which cost ~5 % of a one-token step here.
         self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
         self._products = [{name: f.product if isinstance(f, PackedConcat) else f for name, f in linears.items()}
                           for linears in self.linears]
-        self.quantized = quantized is not None  # int4 layer products: step costs differ (decode/costs.py)
-        if quantized is not None:
-            self._use_int4(quantized)
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
 
@@ -86,18 +85,20 @@ class Target:
         linears = [self.lm_head, *(m for layer in self.layers for m in _projections(layer).values())]
         return fits_in_memory(sum(m.weight.numel() * m.weight.element_size() for m in linears))
 
-    def _use_int4(self, quantized: list[dict]) -> None:
-        """Each layer's projections over int4 weights for few rows (q4.py); the bf16 ones built above stay for more
-        rows, over the model's own weights, which become the int4 weights dequantized."""
+    def _int4_linears(self, quantized: list[dict]) -> list[dict]:
+        """Each layer's projections over int4 weights made from its Q4_1 blocks (q4.py), at every row count; the
+        HF model's projection modules become views of the same weights, and their bf16 weights are freed."""
         if len(quantized) != self.num_layers:  # a GGUF of another model would pair layers wrongly
             raise ConfigError(f"the quantized weights have {len(quantized)} layers, the target {self.num_layers}; "
                               "pass the GGUF of this target")
-        weights = [q4.int4_layer(linears, _projections(layer), blocks)
-                   for linears, layer, blocks in zip(self.linears, self.layers, quantized)]
-        for pack in self._packs:
-            pack.ready()  # the weights changed in place: pack the bf16 copies again now, not in the first step
-        self.linears = [q4.wrap(linears, w) for linears, w in zip(self.linears, weights)]
-        self._products = [q4.wrap(products, w) for products, w in zip(self._products, weights)]
+        self.model.requires_grad_(False)  # frozen: the int4 kernel has no backward, so no input may need one
+        linears = []
+        for layer, blocks in zip(self.layers, quantized):
+            weights = q4.int4_layer(blocks)
+            q4.replace_projections(_projections(layer), _owners(layer), weights)
+            linears.append({name: q4.Q4Linear(weight) for name, weight in weights.items()})
+        q4.release_freed_memory()
+        return linears
 
     @property
     def num_layers(self) -> int:
@@ -258,12 +259,17 @@ def _layer_linears(layer, packed: bool) -> dict:
     return out | {name: pack_linear(modules[name]) for name in ("o", "down")}
 
 
+def _owners(layer) -> dict:
+    """Where each of the seven linears of a Llama/Qwen decoder layer lives: short name -> (module, attribute)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {"q": (attn, "q_proj"), "k": (attn, "k_proj"), "v": (attn, "v_proj"), "o": (attn, "o_proj"),
+            "gate": (mlp, "gate_proj"), "up": (mlp, "up_proj"), "down": (mlp, "down_proj")}
+
+
 def _projections(layer) -> dict:
     """The seven linears of a Llama/Qwen decoder layer by short name."""
-    attn, mlp = layer.self_attn, layer.mlp
-    names = {"q": (attn, "q_proj"), "k": (attn, "k_proj"), "v": (attn, "v_proj"), "o": (attn, "o_proj"),
-             "gate": (mlp, "gate_proj"), "up": (mlp, "up_proj"), "down": (mlp, "down_proj")}
-    modules = {name: getattr(owner, attr, None) for name, (owner, attr) in names.items()}
+    mlp = layer.mlp
+    modules = {name: getattr(owner, attr, None) for name, (owner, attr) in _owners(layer).items()}
     missing = [f"{name}_proj" for name, m in modules.items() if m is None]
     if missing or not hasattr(mlp, "act_fn"):
         raise ConfigError(f"target layer lacks {missing or ['mlp.act_fn']}; blockdraft drives the Llama/Qwen3 "
