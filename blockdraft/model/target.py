@@ -146,14 +146,14 @@ class Target:
         suits = x.dtype == torch.bfloat16 and x.device.type == "cpu" and not x.requires_grad
         return self._products if suits and all(p.ready() for p in self._packs) else self.linears
 
-    def _attention(self, layer, linear: dict, x, cos, sin, cache: KVCache, index: int, slots, span: int, bias,
+    def _attention(self, layer, linear: dict, x, rope, cache: KVCache, index: int, slots, span: int, bias,
                    start: int | None = None):
         """One attention block over its projections `linear`: write this call's K/V at `slots` [B, T], attend over
         slots 0..span-1 as `bias` (layers.attention_bias) allows, or causally when `bias` is CAUSAL."""
         attn = layer.self_attn
         B, T, _ = x.shape
         H, Hkv, Dh = self.heads, self.kv_heads, self.head_dim
-        c, s = cos[:, None], sin[:, None]
+        c, s = rope  # [B, 1, T, Dh] each: cos, and sin with its first half negated (`_rope_tables`)
         if "qkv" in linear:
             qkv = linear["qkv"](x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
             q, k, v = qkv.split([H, Hkv, Hkv], dim=1)
@@ -165,10 +165,10 @@ class Target:
             q, k = attn.q_norm(q), attn.k_norm(k)
         if "qkv" in linear and not hasattr(attn, "q_norm"):  # q and k rotated together: same ops, half the calls
             qk = qkv[:, : H + Hkv]
-            q, k = (qk * c + _rotate_half(qk) * s).split([H, Hkv], dim=1)
+            q, k = (qk * c + _swap_halves(qk) * s).split([H, Hkv], dim=1)
         else:
-            q = q * c + _rotate_half(q) * s
-            k = k * c + _rotate_half(k) * s
+            q = q * c + _swap_halves(q) * s
+            k = k * c + _swap_halves(k) * s
         cache.write(index, k, v, slots, start)
         keys, values = cache.read(index, span)
         out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
@@ -207,12 +207,12 @@ class Target:
         slots = positions if slots is None else slots
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
-        cos, sin = self.rotary(x, positions)  # [B, T, Dh] each
+        rope = _rope_tables(*self.rotary(x, positions))  # once for all layers
         tapped = {}
         wanted = set(tap_layer_ids)
         projections = self._projections(x)
         for index, (layer, linear) in enumerate(zip(self.layers, projections)):
-            x = x + self._attention(layer, linear, layer.input_layernorm(x), cos, sin, cache, index, slots,
+            x = x + self._attention(layer, linear, layer.input_layernorm(x), rope, cache, index, slots,
                                     span, bias, start)
             x = x + self._mlp(layer, linear, layer.post_attention_layernorm(x))
             if index in wanted:
@@ -277,6 +277,15 @@ def _projections(layer) -> dict:
     return modules
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, Dh] -> [B, 1, T, Dh] each, sin with its first half negated: then
+    x * cos + _swap_halves(x) * sin is RoPE's x * cos + rotate_half(x) * sin bit for bit ((-a) * b == a * (-b)),
+    without rotate_half's negation and concatenation in every layer."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return cos[:, None], signed[:, None]
+
+
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """x [..., Dh] -> its two halves swapped, [x2, x1]."""
+    return x.roll(x.shape[-1] // 2, dims=-1)
