@@ -80,6 +80,11 @@ class CostModel:
         low, high = min(table), max(table)
         return max((table[high] - table[low]) / (high - low), 0.0) if high > low else 0.0
 
+    def break_even(self, rows: int, positions: int) -> float:
+        """The tokens a drafted step of `positions` verified positions must return (tau, bonus included) to pay for
+        itself against plain steps of one token each: its cost in plain steps."""
+        return self.seconds(rows, positions, drafted=True) / self.seconds(rows, 1, drafted=False)
+
     def to_json(self) -> dict:
         return {"plain": {str(b): s for b, s in self.plain.items()},
                 "drafted": {str(b): {str(w): s for w, s in t.items()} for b, t in self.drafted.items()}}
@@ -151,7 +156,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
     described = dict(target=target.name, layers=target.num_layers, vocab=int(target.lm_head.weight.shape[0]),
                      dtype=str(target.dtype), device=hardware, threads=torch.get_num_threads(),
                      torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
-                     int4=bool(getattr(target, "quantized", False)),
+                     # how int4 products run; the earlier form (bf16 products above 4 rows) timed otherwise
+                     int4="q4_1 every row" if getattr(target, "quantized", False) else False,
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
