@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from .data import Example, read_examples
+from .data import Example, read_examples, shard_files
 from .objective import Blocks, block_targets, sample_anchors
 
 
@@ -47,17 +47,18 @@ def split_heldout(count: int, fraction: float, seed: int) -> tuple[list[int], li
 
 
 def load_split(data_dirs: str | Path | Sequence[str | Path], val_fraction: float,
-               seed: int) -> tuple[list[Example], list[int], list[int]]:
+               seed: int, tokenizer=None) -> tuple[list[Example], list[int], list[int]]:
     """All examples of one or more data folders (in the order given), with the train and held-out index lists.
 
     The held-out set is the `val/` shards of the folders that have them; when none has, a seeded random
-    `val_fraction` of all examples (`split_heldout`).
+    `val_fraction` of all examples (`split_heldout`). With the target's `tokenizer`, shards built with another
+    tokenizer are refused (`read_examples`).
     """
     folders = [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(f) for f in data_dirs]
-    examples = [e for folder in folders for e in read_examples(folder)]
-    val_folders = [f / "val" for f in folders if f.is_dir() and any((f / "val").glob("data-*.jsonl"))]
+    examples = [e for folder in folders for e in read_examples(folder, tokenizer)]
+    val_folders = [f / "val" for f in folders if f.is_dir() and (f / "val").is_dir() and shard_files(f / "val")]
     if val_folders:
-        held = [e for folder in val_folders for e in read_examples(folder)]
+        held = [e for folder in val_folders for e in read_examples(folder, tokenizer)]
         train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
         examples = examples + held
     else:

@@ -2,8 +2,10 @@
 
 Each example is the target's chat-templated prompt followed by the target's own greedy response, stored
 as token ids (never re-tokenised text) with a loss mask that is 1 on the response, closing stop token
-included. Shards are JSON Lines, one example a line, beside a `meta.json` that records the target, the
-template, the settings, and how many prompts were skipped and why.
+included. `blockdraft data` writes binary shards (`data-NNNNN.safetensors`, shards.py) beside a `meta.json`
+that records the target, the template, the settings, and how many prompts were skipped and why. Shards in
+JSON Lines (`data-NNNNN.jsonl`, one example a line), as earlier versions wrote them and as anyone can write by
+hand, are read too; a folder may hold both.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..io.prompts import encode_prompt
+from .shards import StoredExample, encode_shard, read_binary_shard, tokenizer_fingerprint
 
 SCHEMA = ("id", "input_ids", "loss_mask")
 
@@ -27,13 +30,18 @@ class Example:
     loss_mask: list[int]
 
 
-def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, seed: int):
-    """Deduplicate, length-filter and sample prompts; returns (kept [(id, ids)], skipped counts)."""
+def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, seed: int, seen: set | None = None):
+    """Deduplicate, length-filter and sample prompts; returns (kept [(id, ids)], skipped counts).
+
+    `seen` (updated in place) holds the prompts already looked at, so that a second call drops their repeats.
+    """
     skipped = {"duplicate": 0, "prompt_too_long": 0, "empty_prompt": 0}
-    seen, kept = set(), []
+    seen, kept = set() if seen is None else seen, []
     order = list(prompts)
     random.Random(seed).shuffle(order)
     for prompt in order:
+        if len(kept) >= count:
+            break
         text = json.dumps(prompt.messages, sort_keys=True)
         if text in seen:
             skipped["duplicate"] += 1
@@ -46,8 +54,6 @@ def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, se
             skipped["prompt_too_long"] += 1
         else:
             kept.append((f"{prompt.set}:{prompt.id}", ids))
-        if len(kept) == count:
-            break
     return kept, skipped
 
 
@@ -55,29 +61,61 @@ def make_example(example_id: str, prompt_ids: list[int], response: list[int]) ->
     return Example(example_id, prompt_ids + response, [0] * len(prompt_ids) + [1] * len(response))
 
 
-def write_shard(path: Path, examples: list[Example]) -> None:
-    """Written whole or not at all (a temporary file renamed into place): a killed run leaves no half shard."""
+def write_shard(path: Path, examples: list, *, tokenizer_sha256: str | None = None,
+                vocab_size: int | None = None) -> None:
+    """Write a `.safetensors` shard (which needs the tokenizer's fingerprint and the vocabulary size) or a `.jsonl`
+    one, whole or not at all (a temporary file renamed into place): a killed run leaves no half shard."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        if tokenizer_sha256 is None or vocab_size is None:
+            raise ValueError("a binary shard records the tokenizer: pass tokenizer_sha256 and vocab_size")
+        write_atomically(path, encode_shard(examples, tokenizer_sha256=tokenizer_sha256, vocab_size=vocab_size))
+        return
     lines = "".join(json.dumps({"id": ex.id, "input_ids": ex.input_ids, "loss_mask": ex.loss_mask}) + "\n"
                     for ex in examples)
     write_atomically(path, lines)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """`path` holds `text` afterwards, or (if the process dies first) what it held before; never a part."""
+def write_atomically(path: Path, content: str | bytes) -> None:
+    """`path` holds `content` afterwards, or (if the process dies first) what it held before; never a part."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
+    if isinstance(content, bytes):
+        partial.write_bytes(content)
+    else:
+        partial.write_text(content, encoding="utf-8")
     os.replace(partial, path)
 
 
-def read_examples(folder: str | Path) -> list[Example]:
-    """All examples of a data folder (or one .jsonl file); a malformed line names the file and line."""
+def shard_files(folder: Path) -> list[Path]:
+    """The shards of a data folder in order: `data-*.safetensors` and `data-*.jsonl` sorted by name without the
+    suffix (so a folder of JSON Lines shards keeps its order, and binary shards that continue it follow)."""
+    files = sorted([*folder.glob("data-*.safetensors"), *folder.glob("data-*.jsonl")],
+                   key=lambda f: (f.stem, f.suffix))
+    for first, second in zip(files, files[1:]):
+        if first.stem == second.stem:
+            # The same shard twice would count its examples twice.
+            raise InputError(f"{folder} holds both {first.name} and {second.name}; keep one of the two")
+    return files
+
+
+def read_examples(folder: str | Path, tokenizer=None) -> list[Example | StoredExample]:
+    """All examples of a data folder (or one shard file), in shard order.
+
+    With the target's `tokenizer`, binary shards built with another tokenizer are refused (JSON Lines shards
+    record none). A malformed shard or line raises InputError naming the file (and line).
+    """
     folder = Path(folder)
-    files = sorted(folder.glob("data-*.jsonl")) if folder.is_dir() else [folder]
+    files = shard_files(folder) if folder.is_dir() else [folder]
     if not files:
-        raise InputError(f"no data-*.jsonl shards in {folder}; build them with `blockdraft data --out {folder}`")
+        raise InputError(f"no data-*.safetensors or data-*.jsonl shards in {folder}; build them with "
+                         f"`blockdraft data --out {folder}`")
+    fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
     examples = []
     for file in files:
+        if file.suffix == ".safetensors":
+            examples.extend(read_binary_shard(file, fingerprint))
+            continue
         with open(file) as handle:
             for number, line in enumerate(handle, 1):
                 examples.append(_parse_line(file, number, line))
