@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from blockdraft.prompts import (
+    DEFAULT_TRAINING_SETS,
     PROMPT_SETS,
     PromptDataError,
     PromptSet,
@@ -17,7 +18,7 @@ from blockdraft.prompts import (
     load_prompts,
     training_prompts,
 )
-from blockdraft.prompts.readers import main_solution_stub, read_records
+from blockdraft.prompts.readers import CONVERTERS, main_solution_stub, read_records
 from blockdraft.prompts.registry import file_sha256, package_root, verified_file
 
 # Record counts and sha256 prefixes as docs/data.md §4 states them, kept apart from the registry so a typo in
@@ -30,6 +31,7 @@ EXPECTED = {
     "writingbench": (1000, "18fee37c645166eb"),
     "healthbench": (500, "648ba52f3f843778"),
     "sharegpt": (17671, "99af0276a84059ec"),
+    "sharegpt-turns": (17671, "99af0276a84059ec"),  # sharegpt's file, one prompt per human turn
     "codeio": (3002, "a088810cf4d02027"),
     "codeio-hq": (2750, "7f2effca40d6412d"),
     "codeio-functions": (3002, "a088810cf4d02027"),  # codeio's file, posed as functions to implement
@@ -86,6 +88,38 @@ def test_sharegpt_keeps_chats_opened_by_a_human():
     assert len(load_set("sharegpt")) == 11147
 
 
+def test_sharegpt_turns_give_each_human_turn_with_the_chat_before_it():
+    record = {"id": "x_0", "conversations": [
+        {"from": "system", "value": "share banner"}, {"from": "human", "value": "Hi"},
+        {"from": "gpt", "value": "Hello!"}, {"from": "human", "value": "Name a color"},
+        {"from": "chatgpt", "value": "Red."}, {"from": "human", "value": "Another"}, {"from": "gpt", "value": "Blue."}]}
+    turns = CONVERTERS["sharegpt-turns"](record, 0)
+    assert [prompt_id for prompt_id, _ in turns] == ["x_0:1", "x_0:2", "x_0:3"]
+    assert turns[2][1] == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                           {"role": "user", "content": "Name a color"}, {"role": "assistant", "content": "Red."},
+                           {"role": "user", "content": "Another"}], "the chat so far, answers as in the file"
+    broken = {"id": "y_0", "conversations": [*record["conversations"][1:4], {"from": "human", "value": "again"},
+                                             {"from": "gpt", "value": "ok"}, {"from": "human", "value": "more"}]}
+    assert [i for i, _ in CONVERTERS["sharegpt-turns"](broken, 0)] == ["y_0:1", "y_0:2"], "stops where roles repeat"
+    empty = {"id": "z_0", "conversations": [*record["conversations"][1:3], {"from": "human", "value": " "},
+                                            *record["conversations"][4:]]}
+    assert [i for i, _ in CONVERTERS["sharegpt-turns"](empty, 0)] == ["z_0:1"], "stops at an empty turn"
+    chunk = {"id": "w_1", "conversations": record["conversations"][2:]}
+    assert CONVERTERS["sharegpt-turns"](chunk, 0) == [], "a chunk opened by the assistant has lost its context"
+    assert CONVERTERS["sharegpt-turns"]({**record, "id": "BEqvZIj_0"}, 0) == [], "a chat with a benchmark turn"
+
+
+def test_sharegpt_turns_hold_the_first_turn_prompts_and_later_ones():
+    need("sharegpt")
+    turns, first = load_set("sharegpt-turns"), {p.id: p.messages for p in load_set("sharegpt")}
+    assert len(turns) == 37481
+    openers = {p.id.rsplit(":", 1)[0]: p.messages for p in turns if p.id.endswith(":1")}
+    # One chat fewer: BEqvZIj_0's sixth turn is an AlpacaEval instruction, so it is dropped whole.
+    assert openers == {i: m for i, m in first.items() if i != "BEqvZIj_0"}, "turn 1 is the sharegpt prompt"
+    later = [p for p in turns if not p.id.endswith(":1")]
+    assert all(len(p.messages) == 2 * int(p.id.rsplit(":", 1)[1]) - 1 for p in later)
+
+
 def test_healthbench_prompts_never_contain_the_canary():
     need("healthbench")
     spec = PROMPT_SETS["healthbench"]
@@ -118,8 +152,15 @@ def test_default_training_sets_are_training_role():
     need("healthbench", "codeio", "sharegpt")
     prompts = training_prompts(limit_per_set=5)
     assert len(prompts) == 20
-    assert {p.set for p in prompts} == {"healthbench", "codeio", "codeio-functions", "sharegpt"}
+    assert {p.set for p in prompts} == {"healthbench", "codeio", "codeio-functions", "sharegpt-turns"}
     assert not {p.set for p in prompts} & set(benchmark_set_names())
+    assert set(DEFAULT_TRAINING_SETS) == {p.set for p in prompts} | {"magpie"}, "magpie: written by the target"
+
+
+def test_magpie_has_no_file_and_says_where_it_comes_from():
+    for load in (load_prompts, training_prompts):
+        with pytest.raises(PromptDataError, match="blockdraft data --sets ...,magpie"):
+            load("magpie")
 
 
 def test_main_solution_stub_keeps_imports_and_signature_only():

