@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,26 +137,33 @@ def cli(*arguments: str) -> list[str]:
 
 def generate_data(args, log: Log, budget: float) -> dict:
     """`blockdraft data` in slices of args.data_slice prompts, while the next slice fits the budget (a slice is
-    expected to take as long as the last one; the first always runs)."""
+    expected to take as long as the last one; the first always runs). A slice that fails ends the stage; the
+    shards written before it stay (they are written whole) and are trained on."""
     from blockdraft.cli import main as blockdraft
-    from blockdraft.train.data import read_examples
 
     folder = args.work / "data"
-    sets = ",".join(str(p) for p in sorted((args.prompts_dir / "train").glob("*.jsonl")))
+    sets = [str(p) for p in sorted((args.prompts_dir / "train").glob("*.jsonl"))]
     if not sets:
         raise FileNotFoundError(f"no training prompt extracts in {args.prompts_dir / 'train'}; run "
                                 "`scripts/gpu_train.sh prep` and carry its folder")
-    started, slices, examples = monotonic(), [], 0
+    sets += [] if args.no_magpie else ["magpie"]  # prompts the target writes itself (docs/data.md)
+    started, slices, examples, error = monotonic(), [], 0, None
     while True:
         count = (len(slices) + 1) * args.data_slice
         began = monotonic()
-        rc = blockdraft(["data", "--out", str(folder), "--sets", sets, "--count", str(count),
-                         "--batch-size", str(args.data_batch_size), "--max-new-tokens", str(args.data_max_new_tokens),
-                         "--device", args.device, *threads(args)])
+        try:
+            rc = blockdraft(["data", "--out", str(folder), "--sets", ",".join(sets), "--count", str(count),
+                             "--batch-size", str(args.data_batch_size), "--device", args.device,
+                             "--max-new-tokens", str(args.data_max_new_tokens), *threads(args),
+                             *shlex.split(args.data_extra)])
+        except Exception as failure:  # a CUDA out-of-memory, say: the shards so far are whole
+            log.write(traceback.format_exc())
+            rc = f"{type(failure).__name__}: {failure}"
         if rc != 0:
-            raise RuntimeError(f"blockdraft data exited {rc} (its error is above)")
+            error = f"blockdraft data --count {count} failed: {rc if isinstance(rc, str) else f'exit {rc}'}"
+            break
         seconds = monotonic() - began
-        now = len(read_examples(folder))
+        now = _count(folder)
         slices.append({"prompts": count, "examples": now, "seconds": round(seconds, 1)})
         log.line(f"data: {now} examples after {monotonic() - started:.0f} s of {budget:.0f}")
         if now == examples:  # the prompt extracts are used up
@@ -163,7 +171,15 @@ def generate_data(args, log: Log, budget: float) -> dict:
         examples = now
         if monotonic() - started + seconds > budget:
             break
-    return {"folder": str(folder), "examples": examples, "slices": slices, "seconds": round(monotonic() - started, 1)}
+    examples = _count(folder)
+    return {"folder": str(folder), "examples": examples, "slices": slices, "seconds": round(monotonic() - started, 1),
+            **({"error": error} if error else {})}
+
+
+def _count(folder: Path) -> int:
+    from blockdraft.train.data import read_examples
+
+    return len(read_examples(folder)) if any(folder.glob("data-*")) else 0
 
 
 def train_command(args, data_dirs: list[Path]) -> list[str]:

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     part.add_argument("--parts-dir", type=Path, default=Path("/tmp"))
     prep = sub.add_parser("prep", help="write the prompt extracts the window carries")
     prep.add_argument("--prompts-dir", type=Path, default=Path(".gpudata/prompts"))
-    prep.add_argument("--train-sets", default="healthbench,codeio,codeio-functions,sharegpt")
+    prep.add_argument("--train-sets", default=None,
+                      help="comma-separated training sets (default: blockdraft data's that have a file)")
     prep.add_argument("--eval-sets", default="humaneval,mt-bench")
     prep.add_argument("--max-prompt-tokens", type=int, default=384, help="as `blockdraft data`: longer ones are cut")
     prep.add_argument("--per-set", type=int, default=None, help="at most this many prompts of each training set")
@@ -105,6 +106,8 @@ def add_run_arguments(run) -> None:
     data.add_argument("--data-batch-size", type=int, default=512)
     data.add_argument("--data-slice", type=int, default=512, help="prompts added per `blockdraft data` call")
     data.add_argument("--data-max-new-tokens", type=int, default=256)
+    data.add_argument("--no-magpie", action="store_true", help="only the carried prompts, no prompts the target writes")
+    data.add_argument("--data-extra", default="", help="more `blockdraft data` options, e.g. '--magpie-fraction 0.1'")
     measure = run.add_argument_group("eval and bench")
     measure.add_argument("--eval-sets", default="humaneval,mt-bench")
     measure.add_argument("--eval-limit", type=int, default=8, help="prompts per set")
@@ -158,13 +161,15 @@ def write_prompts(args) -> int:
     """Training prompts (only those that fit --max-prompt-tokens) and the benchmark sets, as extracts."""
     from blockdraft.io.prompts import encode_prompt
     from blockdraft.io.targets import load_target
-    from blockdraft.prompts import extract_jsonl, load_prompts, training_prompts
+    from blockdraft.prompts import DEFAULT_TRAINING_SETS, GENERATED_SETS, extract_jsonl, load_prompts, training_prompts
 
     tokenizer = load_target(dtype="float32").tokenizer
     for kind in ("train", "eval"):
         shutil.rmtree(args.prompts_dir / kind, ignore_errors=True)
         (args.prompts_dir / kind).mkdir(parents=True)
-    for name in args.train_sets.split(","):
+    names = args.train_sets.split(",") if args.train_sets else [n for n in DEFAULT_TRAINING_SETS
+                                                                 if n not in GENERATED_SETS]
+    for name in names:
         fits = (p for p in training_prompts((name,))
                 if len(encode_prompt(tokenizer, list(p.messages))) <= args.max_prompt_tokens)
         fits = list(itertools.islice(fits, args.per_set))
@@ -293,12 +298,9 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
     later = args.train_seconds + args.train_grace + args.eval_seconds + args.bench_seconds
     budget = min(args.data_seconds, left() - later)
     if budget > 0:
-        try:
-            data = generate_data(args, log, budget)
-            data_dirs += [Path(data["folder"])] if data["examples"] else []
-        except Exception as error:
-            log.write(traceback.format_exc())
-            data = {"error": f"{type(error).__name__}: {error}"}
+        data = generate_data(args, log, budget)
+        data_dirs += [Path(data["folder"])] if data["examples"] else []
+        free_gpu_memory()  # the generation's cached KV memory would be held away from training
     if args.data_in is not None:
         data_dirs.append(args.data_in)
         data["carried"] = str(args.data_in)
@@ -348,14 +350,20 @@ def check(args, log: Log, sha256: str) -> dict:
     files = draft_files(target, args.layers, args.block_size, args.target_layer_ids, args.work / "probe")
     device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
     del target
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_gpu_memory()
     if len(files) + 2 > RETURN_LIMIT:
         raise Refused(f"a draft of {args.layers} layers is {len(files)} files ({', '.join(files)}); with run.log and "
                       f"summary.json that is over the {RETURN_LIMIT} files a call returns; use fewer --layers")
     return {"greedy": "agrees", "near_ties": notes, "draft_files": files, "device": device,
             "seconds": round(monotonic() - started, 1)}
+
+
+def free_gpu_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def finish(args, log: Log, summary: Summary) -> int:

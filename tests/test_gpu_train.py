@@ -119,26 +119,37 @@ def test_data_slices_stop_before_the_next_would_pass_the_budget(tmp_path, monkey
     import blockdraft.cli
     import blockdraft.train.data
 
-    clock, calls, available = [0.0], [], 40
+    clock, calls, written, available, failing = [0.0], [], [0], 40, None
 
     def fake_data(argv):  # each slice takes 10 s and regenerates its prompts (all of them, once the rest run out)
         calls.append(int(argv[argv.index("--count") + 1]))
         clock[0] += 10
+        if calls[-1] == failing:
+            raise RuntimeError("CUDA out of memory")
+        (tmp_path / "data").mkdir(exist_ok=True)
+        (tmp_path / "data" / "data-00000.safetensors").touch()
+        written[0] = min(calls[-1], available)
         return 0
 
     monkeypatch.setattr(blockdraft.cli, "main", fake_data)
-    monkeypatch.setattr(blockdraft.train.data, "read_examples", lambda folder: [None] * min(calls[-1], available))
+    monkeypatch.setattr(blockdraft.train.data, "read_examples", lambda folder: [None] * written[0])
     monkeypatch.setattr(gpu_stages, "monotonic", lambda: clock[0])
     (tmp_path / "prompts" / "train").mkdir(parents=True)
     (tmp_path / "prompts" / "train" / "set.jsonl").write_text("")
     args = gpu_train.argparse.Namespace(work=tmp_path, prompts_dir=tmp_path / "prompts", data_slice=8,
-                                        data_batch_size=8, data_max_new_tokens=16, device="cpu", threads=None)
+                                        data_batch_size=8, data_max_new_tokens=16, device="cpu", threads=None,
+                                        no_magpie=False, data_extra="")
     data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=35)
     assert calls == [8, 16, 24], "after 30 s a fourth 10-s slice would end past 35 s"
     assert data["examples"] == 24
     calls.clear()
     data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=1000)
     assert calls == [8, 16, 24, 32, 40, 48] and data["examples"] == 40, "stops once a slice adds nothing"
+    calls.clear()
+    failing = 24
+    data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=1000)
+    assert calls == [8, 16, 24] and data["examples"] == 16, "a failed slice ends the stage; earlier shards stay"
+    assert "--count 24 failed: RuntimeError: CUDA out of memory" in data["error"]
 
 
 def test_a_stage_past_its_timeout_is_stopped_and_its_last_json_line_kept(tmp_path):
