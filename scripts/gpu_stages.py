@@ -187,7 +187,8 @@ def train_command(args, data_dirs: list[Path]) -> list[str]:
                 "--target-layer-ids", ",".join(str(i) for i in args.target_layer_ids)]
     if args.gamma is not None:
         geometry += ["--gamma", str(args.gamma)]
-    return cli("train", *[a for folder in data_dirs for a in ("--data", str(folder))], "--out", str(args.work / "train"),
+    data = [a for folder in data_dirs for a in ("--data", str(folder))]
+    return cli("train", *data, "--out", str(args.work / "train"),
                "--draft-out", str(args.out / "draft"), *geometry, "--batch-size", str(args.batch_size),
                "--micro-batch-size", str(args.micro_batch_size), "--epochs", str(args.epochs),
                "--time-budget", str(args.train_seconds), "--save-draft-every-seconds", str(args.draft_every),

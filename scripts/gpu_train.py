@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -31,11 +29,11 @@ from time import monotonic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check import Refused, check_greedy, check_sha256, draft_files, install_wheels, join_parts, make_reference  # noqa: E402
+from gpu_check import Refused, check_greedy, check_sha256, draft_files, install_wheels, join_parts  # noqa: E402
+from gpu_prep import REPO, gpu_folders, print_plan, write_prompts, write_reference  # noqa: E402
 from gpu_stages import (Log, Summary, bench_command, eval_command, generate_data, recover_draft,  # noqa: E402
                         returned_files, train_command, train_metrics)
 
-REPO = Path(__file__).resolve().parent.parent
 RETURN_LIMIT = 8  # files a device call brings back from $OUT
 SETUP_SECONDS = 60  # join, sha256, wheel, the GGUF's conversion, the greedy check: under a minute on the GPU machine
 DEFAULT_LAYER_IDS = (1, 8, 14, 20, 27)
@@ -58,14 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     reference = sub.add_parser("reference", help="write the greedy reference tokens (CPU, float32)")
     reference.add_argument("--reference", type=Path, default=Path("scripts/gpu_reference.json"))
     sub.add_parser("plan", help="print the device calls; options after it go to `run`")
-    add_run_arguments(sub.add_parser("run", help="join, check, data, train, eval, bench (the last device call)",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+    run = sub.add_parser("run", help="join, check, data, train, eval, bench (the last device call)",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_arguments(run)
     args, args.run_options = parser.parse_known_args(argv)
     if args.run_options and args.mode != "plan":
         parser.error(f"unrecognized arguments: {' '.join(args.run_options)}")
     os.chdir(REPO)
-    modes = {"part": copy_part, "prep": write_prompts, "reference": write_reference, "plan": print_plan,
-             "run": run_window}
+    if args.mode == "plan":
+        options = run.parse_args(["--out", "unused", *args.run_options])
+        return print_plan(args.run_options, options, window_seconds(options))
+    modes = {"part": copy_part, "prep": write_prompts, "reference": write_reference, "run": run_window}
     return modes[args.mode](args)
 
 
@@ -138,11 +139,6 @@ def window_seconds(args) -> float:
             + args.bench_seconds)
 
 
-def gpu_folders() -> list[Path]:
-    """.gpu_1 .. .gpu_N of gpu-prep.sh, in order."""
-    return sorted(REPO.glob(".gpu_[0-9]*"), key=lambda p: int(p.name.split("_")[1]))
-
-
 def copy_part(args) -> int:
     source = REPO / f".gpu_{args.index}"
     parts = sorted(source.glob("part_*"))
@@ -155,96 +151,6 @@ def copy_part(args) -> int:
     held = sorted(args.parts_dir.glob("part_*"))
     print(f"part {args.index}: {args.parts_dir} holds " + ", ".join(f"{p.name} ({p.stat().st_size} B)" for p in held))
     return 0
-
-
-def write_prompts(args) -> int:
-    """Training prompts (only those that fit --max-prompt-tokens) and the benchmark sets, as extracts."""
-    from blockdraft.io.prompts import encode_prompt
-    from blockdraft.io.targets import load_target
-    from blockdraft.prompts import DEFAULT_TRAINING_SETS, GENERATED_SETS, extract_jsonl, load_prompts, training_prompts
-
-    tokenizer = load_target(dtype="float32").tokenizer
-    for kind in ("train", "eval"):
-        shutil.rmtree(args.prompts_dir / kind, ignore_errors=True)
-        (args.prompts_dir / kind).mkdir(parents=True)
-    names = args.train_sets.split(",") if args.train_sets else [n for n in DEFAULT_TRAINING_SETS
-                                                                 if n not in GENERATED_SETS]
-    for name in names:
-        fits = (p for p in training_prompts((name,))
-                if len(encode_prompt(tokenizer, list(p.messages))) <= args.max_prompt_tokens)
-        fits = list(itertools.islice(fits, args.per_set))
-        extract_jsonl(fits, str(args.prompts_dir / "train" / f"{name}.jsonl"), set_name=name)
-    for name in args.eval_sets.split(","):
-        extract_jsonl(load_prompts(name), str(args.prompts_dir / "eval" / f"{name}.jsonl"), set_name=name)
-    _exclude(args.prompts_dir)
-    for file in sorted(args.prompts_dir.rglob("*.jsonl")):
-        print(f"{file}: {file.stat().st_size / 2**20:.2f} MiB")
-    return 0
-
-
-def _exclude(folder: Path) -> None:
-    """Keep `folder` out of git (it travels to the device through `carry`, not as an untracked file)."""
-    if not folder.resolve().is_relative_to(REPO):
-        return
-    top = folder.resolve().relative_to(REPO).parts[0]
-    exclude = REPO / ".git" / "info" / "exclude"
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    lines = exclude.read_text().splitlines() if exclude.is_file() else []
-    if f"/{top}/" not in lines:
-        exclude.write_text("\n".join([*lines, f"/{top}/"]) + "\n")
-
-
-def write_reference(args) -> int:
-    from blockdraft.io.targets import embedded_gguf_path, load_target, sha256_file
-
-    reference = make_reference(load_target(dtype="float32", device="cpu"), sha256_file(embedded_gguf_path()))
-    head = json.dumps({k: v for k, v in reference.items() if k != "prompts"}, indent=1)
-    rows = ",\n".join("  " + json.dumps(row) for row in reference["prompts"])  # one line a prompt
-    args.reference.write_text(f'{head[:-2]},\n "prompts": [\n{rows}\n ]\n}}\n')
-    print(f"wrote {args.reference}")
-    return 0
-
-
-def print_plan(args) -> int:
-    """The calls, each with its command, carry list and timeout, and what travels in each."""
-    folders = gpu_folders()
-    if not folders:
-        print("no .gpu_N folders: run ../shared/tools/gpu-prep.sh first", file=sys.stderr)
-        return 2
-    run_args = argparse.ArgumentParser()
-    add_run_arguments(run_args)
-    options = run_args.parse_args(["--out", "/unused", *args.run_options])
-    n, seconds = len(folders), window_seconds(options)
-    final = (f"bash scripts/gpu_train.sh part {n} && bash scripts/gpu_train.sh run --out \"$OUT\" "
-             + " ".join(args.run_options)).strip()
-    calls = [(f"bash scripts/gpu_train.sh part {i}", [f".gpu_{i}"], 60) for i in range(1, n)]
-    calls.append((final, [f".gpu_{n}", ".whl", *[p for p in (".gpudata",) if (REPO / p).is_dir()]],
-                  int(seconds + 30)))
-    base = _travelling_bytes()
-    for number, (command, carry, timeout) in enumerate(calls, 1):
-        size = (base + sum(_bytes(REPO / p) for p in carry)) / 2**20
-        warning = "  OVER THE 64 MiB LIMIT" if size > 64 else ""
-        print(f"call {number}: run(command={json.dumps(command)}, carry={json.dumps(carry)}, "
-              f"timeout_s={timeout})   # {size:.1f} MiB travel{warning}")
-    device = 120 + 30 * (n - 1) + seconds + 30
-    print(f"\nthe calls back to back (an idle machine goes back after ~30 s, with its /tmp). Job: {seconds:.0f} s "
-          f"(setup {SETUP_SECONDS}, data {options.data_seconds:.0f}, train {options.train_seconds:.0f} + "
-          f"{options.train_grace:.0f}, eval {options.eval_seconds:.0f}, bench {options.bench_seconds:.0f}); device "
-          f"time about {device / 60:.1f} min with a 2-minute start, of 15. Returned: run.log, summary.json, draft/.")
-    return 0
-
-
-def _travelling_bytes() -> int:
-    """Tracked files and untracked files git does not ignore: what every call sends."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.split(b"\0")
-    return sum(_bytes(REPO / name.decode()) for name in listed if name)
-
-
-def _bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def run_window(args) -> int:
@@ -288,8 +194,9 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
     sha_file = args.sha256_file or (gpu_folders()[-1] / "sha256" if gpu_folders() else Path("missing-sha256"))
     sha256 = check_sha256(gguf, sha_file)
     wheels = [] if args.no_install else install_wheels(args.wheel_dir, args.site)
-    os.environ.update(BLOCKDRAFT_TARGET_GGUF=str(gguf), BLOCKDRAFT_CACHE=str(args.work / "cache"), PYTHONPATH=os.pathsep.join(
-        [*([] if args.no_install else [str(args.site)]), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    paths = [*([] if args.no_install else [str(args.site)]), str(REPO), os.environ.get("PYTHONPATH", "")]
+    os.environ.update(BLOCKDRAFT_TARGET_GGUF=str(gguf), BLOCKDRAFT_CACHE=str(args.work / "cache"),
+                      PYTHONPATH=os.pathsep.join(paths))
     summary.set(setup={"gguf_sha256": sha256, "wheels": wheels, "seconds": round(monotonic() - started, 1)})
     # 2. Checks: the target decodes the reference; the draft's geometry fits the target and the return limit.
     summary.set(check=check(args, log, sha256))
@@ -318,17 +225,21 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
     if not (args.out / "draft" / "config.json").is_file():
         return
     # 5. Eval: online tau with the real decode loop.
-    ran = log.run(eval_command(args), timeout=min(args.eval_seconds, left() - args.bench_seconds))
-    summary.set(eval={**ran.as_dict(), "results": (ran.record or {}).get("results")})
+    timeout = min(args.eval_seconds, left() - args.bench_seconds)
+    if timeout < 5:
+        summary.set(eval={"skipped": "no time left"})
+    else:
+        ran = log.run(eval_command(args), timeout=timeout)
+        summary.set(eval={**ran.as_dict(), "results": (ran.record or {}).get("results")})
     # 6. Bench: the target alone, HF generate and the default mode, at each batch size.
     benches = []
     for batch_size, prompts in args.bench_runs:
         timeout = min(args.bench_seconds / len(args.bench_runs), left())
         if timeout < 5:
             benches.append({"batch_size": batch_size, "skipped": "no time left"})
-            continue
-        ran = log.run(bench_command(args, batch_size, prompts), timeout=timeout)
-        benches.append({"batch_size": batch_size, **ran.as_dict(), "result": ran.record})
+        else:
+            ran = log.run(bench_command(args, batch_size, prompts), timeout=timeout)
+            benches.append({"batch_size": batch_size, **ran.as_dict(), "result": ran.record})
         summary.set(bench=benches)
 
 

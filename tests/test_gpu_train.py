@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
 import gpu_check  # noqa: E402
+import gpu_prep  # noqa: E402
 import gpu_stages  # noqa: E402
 import gpu_train  # noqa: E402
 from gpu_check import Refused, check_greedy, make_reference  # noqa: E402
@@ -175,7 +176,7 @@ def test_a_swap_cut_by_a_kill_leaves_one_whole_draft(tmp_path, left):
 
 
 def test_the_plan_names_every_call_with_its_carry_and_a_timeout_that_fits(monkeypatch, capsys):
-    monkeypatch.setattr(gpu_train, "gpu_folders", lambda: [REPO / f".gpu_{i}" for i in (1, 2, 3)])
+    monkeypatch.setattr(gpu_prep, "gpu_folders", lambda: [REPO / f".gpu_{i}" for i in (1, 2, 3)])
     monkeypatch.chdir(REPO)
     assert gpu_train.main(["plan", "--train-seconds", "100"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("call ")]
@@ -246,7 +247,8 @@ def test_dry_run_on_cpu_returns_a_draft_that_loads_with_eval_and_bench(tmp_path)
     assert set(methods) == {"ours-baseline", "hf-generate", "blockdraft-lookup"}
     assert all(m["mismatches"] == 0 for m in methods.values()), "every method gives the target's own tokens"
     files = summary["returned_files"]
-    assert summary["fits_return_limit"] and len(files) <= 8 and {"run.log", "summary.json"} <= {f["path"] for f in files}
+    assert summary["fits_return_limit"] and len(files) <= 8
+    assert {"run.log", "summary.json"} <= {f["path"] for f in files}
     assert "check: greedy tokens of 4 prompts agree" in (out / "run.log").read_text()
     draft = load_draft(out / "draft", load_target(dtype="float32"))
     assert draft.config.num_hidden_layers == 1 and draft.config.target_layer_ids == (14,)

@@ -1,0 +1,109 @@
+"""What a GPU window needs prepared here, once: the prompt extracts it carries (`prep`), the greedy reference it
+checks the target against (`reference`), and the device calls (`plan`). scripts/gpu_train.py runs these modes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from gpu_check import make_reference
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def gpu_folders() -> list[Path]:
+    """.gpu_1 .. .gpu_N of gpu-prep.sh, in order."""
+    return sorted(REPO.glob(".gpu_[0-9]*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def write_prompts(args) -> int:
+    """Training prompts (only those that fit --max-prompt-tokens) and the benchmark sets, as extracts."""
+    from blockdraft.io.prompts import encode_prompt
+    from blockdraft.io.targets import load_target
+    from blockdraft.prompts import DEFAULT_TRAINING_SETS, GENERATED_SETS, extract_jsonl, load_prompts, training_prompts
+
+    tokenizer = load_target(dtype="float32").tokenizer
+    for kind in ("train", "eval"):
+        shutil.rmtree(args.prompts_dir / kind, ignore_errors=True)
+        (args.prompts_dir / kind).mkdir(parents=True)
+    names = args.train_sets.split(",") if args.train_sets else [n for n in DEFAULT_TRAINING_SETS
+                                                                 if n not in GENERATED_SETS]
+    for name in names:
+        fits = (p for p in training_prompts((name,))
+                if len(encode_prompt(tokenizer, list(p.messages))) <= args.max_prompt_tokens)
+        fits = list(itertools.islice(fits, args.per_set))
+        extract_jsonl(fits, str(args.prompts_dir / "train" / f"{name}.jsonl"), set_name=name)
+    for name in args.eval_sets.split(","):
+        extract_jsonl(load_prompts(name), str(args.prompts_dir / "eval" / f"{name}.jsonl"), set_name=name)
+    _exclude(args.prompts_dir)
+    for file in sorted(args.prompts_dir.rglob("*.jsonl")):
+        print(f"{file}: {file.stat().st_size / 2**20:.2f} MiB")
+    return 0
+
+
+def _exclude(folder: Path) -> None:
+    """Keep `folder` out of git (it travels to the device through `carry`, not as an untracked file)."""
+    if not folder.resolve().is_relative_to(REPO):
+        return
+    top = folder.resolve().relative_to(REPO).parts[0]
+    exclude = REPO / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    lines = exclude.read_text().splitlines() if exclude.is_file() else []
+    if f"/{top}/" not in lines:
+        exclude.write_text("\n".join([*lines, f"/{top}/"]) + "\n")
+
+
+def write_reference(args) -> int:
+    from blockdraft.io.targets import embedded_gguf_path, load_target, sha256_file
+
+    reference = make_reference(load_target(dtype="float32", device="cpu"), sha256_file(embedded_gguf_path()))
+    head = json.dumps({k: v for k, v in reference.items() if k != "prompts"}, indent=1)
+    rows = ",\n".join("  " + json.dumps(row) for row in reference["prompts"])  # one line a prompt
+    args.reference.write_text(f'{head[:-2]},\n "prompts": [\n{rows}\n ]\n}}\n')
+    print(f"wrote {args.reference}")
+    return 0
+
+
+def print_plan(run_options: list[str], options, seconds: float) -> int:
+    """The calls, each with its command, carry list and timeout, and what travels in each: `run_options` as
+    given, `options` as `run` parses them, `seconds` the job's whole time."""
+    folders = gpu_folders()
+    if not folders:
+        print("no .gpu_N folders: run the workplace's gpu-prep.sh first", file=sys.stderr)
+        return 2
+    n = len(folders)
+    final = (f"bash scripts/gpu_train.sh part {n} && bash scripts/gpu_train.sh run --out \"$OUT\" "
+             + " ".join(run_options)).strip()
+    calls = [(f"bash scripts/gpu_train.sh part {i}", [f".gpu_{i}"], 60) for i in range(1, n)]
+    calls.append((final, [f".gpu_{n}", ".whl", *[p for p in (".gpudata",) if (REPO / p).is_dir()]],
+                  int(seconds + 30)))
+    base = _travelling_bytes()
+    for number, (command, carry, timeout) in enumerate(calls, 1):
+        size = (base + sum(_bytes(REPO / p) for p in carry)) / 2**20
+        warning = "  OVER THE 64 MiB LIMIT" if size > 64 else ""
+        print(f"call {number}: run(command={json.dumps(command)}, carry={json.dumps(carry)}, "
+              f"timeout_s={timeout})   # {size:.1f} MiB travel{warning}")
+    device = 120 + 30 * (n - 1) + seconds + 30
+    print(f"\nthe calls back to back (an idle machine goes back after ~30 s, with its /tmp). Job: {seconds:.0f} s "
+          f"(data {options.data_seconds:.0f}, train {options.train_seconds:.0f} + "
+          f"{options.train_grace:.0f}, eval {options.eval_seconds:.0f}, bench {options.bench_seconds:.0f}); device "
+          f"time about {device / 60:.1f} min with a 2-minute start, of 15. Returned: run.log, summary.json, draft/.")
+    return 0
+
+
+def _travelling_bytes() -> int:
+    """Tracked files and untracked files git does not ignore: what every call sends."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum(_bytes(REPO / name.decode()) for name in listed if name)
+
+
+def _bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
