@@ -389,3 +389,22 @@ def test_two_gloo_ranks_with_an_anchorless_rank(tmp_path):
     assert state["world_size"] == 2 and state["step"] == 3
     single = train(tiny_target("llama"), config(tmp_path, "single", **exact))
     assert_same_update(single.parent, tmp_path / "ddp", "two ranks must give the update of one process")
+
+
+def test_a_data_shard_of_another_tokenizer_is_refused_before_training(tmp_path):
+    from blockdraft.train.data import read_examples, write_shard
+    from blockdraft.train.shards import tokenizer_fingerprint
+
+    from conftest import char_tokenizer
+
+    examples = read_examples(write_data(tmp_path / "jsonl"))
+    other = char_tokenizer()
+    other.add_tokens(["<tool>"])  # the same ids no longer mean the same text
+    (tmp_path / "data").mkdir()
+    shard = tmp_path / "data" / "data-00000.safetensors"
+    write_shard(shard, examples, tokenizer_sha256=tokenizer_fingerprint(other), vocab_size=VOCAB)
+    target = tiny_target("llama")
+    target.tokenizer = char_tokenizer()
+    with pytest.raises(InputError, match=f"{shard} was built with another tokenizer"):
+        train(target, config(tmp_path, max_steps=1))
+    assert not (tmp_path / "out" / "checkpoint").exists(), "refused after a step"
