@@ -58,7 +58,7 @@ def check_sha256(path: Path, expected_file: Path) -> str:
     copied twice or cut short in transfer all change it)."""
     expected = expected_file.read_text().split()[0].strip().lower() if expected_file.is_file() else None
     if not expected:
-        raise Refused(f"no expected sha256 in {expected_file}; pass --sha256-file (gpu-prep.sh writes it into the "
+        raise Refused(f"no expected sha256 in {expected_file}; pass --sha256-file (`gpu_train.sh split` writes it into the "
                       "last .gpu_N folder)")
     found = sha256_of(path)
     if found != expected:
@@ -71,7 +71,7 @@ def install_wheels(wheel_dir: Path, site: Path) -> list[str]:
     """Install the carried wheels (no index, no dependencies) into `site` and put it first on sys.path."""
     wheels = sorted(str(w) for w in wheel_dir.glob("*.whl"))
     if not wheels:
-        raise Refused(f"no wheels in {wheel_dir}; carry the folder gpu-prep.sh fills (.whl, with the gguf wheel)")
+        raise Refused(f"no wheels in {wheel_dir}; carry the folder `gpu_train.sh split` fills (.whl, with the gguf wheel)")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--upgrade", "--target", str(site), *wheels], check=True)
     sys.path.insert(0, str(site))

@@ -1,11 +1,13 @@
-"""What a GPU window needs prepared here, once: the prompt extracts it carries (`prep`), the greedy reference it
-checks the target against (`reference`), and the device calls (`plan`). scripts/gpu_train.py runs these modes.
+"""What a GPU window needs prepared here, once: the target's GGUF in parts and the gguf wheel (`split`), the prompt
+extracts it carries (`prep`), the greedy reference it checks the target against (`reference`), and the device
+calls (`plan`). scripts/gpu_train.py runs these modes.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -16,9 +18,47 @@ from gpu_check import make_reference
 REPO = Path(__file__).resolve().parent.parent
 
 
+MIB = 2**20
+CALL_LIMIT = 64 * MIB  # what one device call may carry, the tracked files included
+DATA_ROOM = 12 * MIB  # left free in each call for prompts, data and the wheel
+GGUF_WHEEL = "gguf==0.19.0"  # the device has no gguf; transformers reads the target's file with it
+
+
 def gpu_folders() -> list[Path]:
-    """.gpu_1 .. .gpu_N of gpu-prep.sh, in order."""
+    """.gpu_1 .. .gpu_N of `split`, in order."""
     return sorted(REPO.glob(".gpu_[0-9]*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def split_target(args) -> int:
+    """The embedded GGUF cut into parts .gpu_1/part_001 .. .gpu_N/part_00N (the last folder also holds the whole
+    file's sha256), N the fewest that leave DATA_ROOM in each call beside the tracked files; and the gguf wheel
+    for Python 3.12 in .whl. All of them are kept out of git; each travels only in the call that carries it."""
+    from blockdraft.io.targets import embedded_gguf_path, sha256_file
+
+    gguf = embedded_gguf_path()
+    size, room = gguf.stat().st_size, CALL_LIMIT - _travelling_bytes() - DATA_ROOM
+    if room < 4 * MIB:
+        print(f"the tracked files leave {room / MIB:.1f} MiB a call: too little for parts of the target", file=sys.stderr)
+        return 2
+    count = args.parts or math.ceil(size / room)
+    for old in gpu_folders():
+        shutil.rmtree(old)
+    step = math.ceil(size / count)
+    with open(gguf, "rb") as source:
+        for index in range(1, count + 1):
+            folder = REPO / f".gpu_{index}"
+            folder.mkdir()
+            (folder / f"part_{index:03d}").write_bytes(source.read(step))
+            _exclude(folder)
+    (REPO / f".gpu_{count}" / "sha256").write_text(sha256_file(gguf) + "\n")
+    wheels = REPO / ".whl"
+    shutil.rmtree(wheels, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+                    "-d", str(wheels), GGUF_WHEEL], check=True)
+    _exclude(wheels)
+    print(f"{gguf.name}: {count} parts of {step / MIB:.1f} MiB in .gpu_1 .. .gpu_{count}; {GGUF_WHEEL} in .whl")
+    return 0
 
 
 def write_prompts(args) -> int:
@@ -74,7 +114,7 @@ def print_plan(run_options: list[str], options, seconds: float) -> int:
     given, `options` as `run` parses them, `seconds` the job's whole time."""
     folders = gpu_folders()
     if not folders:
-        print("no .gpu_N folders: run the workplace's gpu-prep.sh first", file=sys.stderr)
+        print("no .gpu_N folders: run `scripts/gpu_train.sh split` first", file=sys.stderr)
         return 2
     n = len(folders)
     final = (f"bash scripts/gpu_train.sh part {n} && bash scripts/gpu_train.sh run --out \"$OUT\" "

@@ -1,7 +1,7 @@
 """One GPU window: train a DFlash draft for the embedded SmolLM2-135M-Instruct within one 15-minute device lease
 (docs/training.md, "One GPU window"). scripts/gpu_train.sh runs this file from the repository root.
 
-Here, once:   ../shared/tools/gpu-prep.sh    (the GGUF in parts: .gpu_1 .. .gpu_N, and the gguf wheel: .whl)
+Here, once:   gpu_train.sh split             (the GGUF in parts: .gpu_1 .. .gpu_N, and the gguf wheel: .whl)
               gpu_train.sh prep              (prompt extracts: .gpudata/prompts/{train,eval}/*.jsonl)
               gpu_train.sh plan [RUN OPTIONS]   (the device calls: command, carry and timeout of each)
 On the device, back to back (an idle machine goes back after ~30 s, with its /tmp):
@@ -30,7 +30,7 @@ from time import monotonic
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import Refused, check_greedy, check_sha256, draft_files, install_wheels, join_parts  # noqa: E402
-from gpu_prep import REPO, gpu_folders, print_plan, write_prompts, write_reference  # noqa: E402
+from gpu_prep import REPO, gpu_folders, print_plan, split_target, write_prompts, write_reference  # noqa: E402
 from gpu_stages import (Log, Summary, bench_command, eval_command, generate_data, recover_draft,  # noqa: E402
                         returned_files, train_command, train_metrics)
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     part = sub.add_parser("part", help="copy part I of the GGUF to --parts-dir (device calls 1 .. N)")
     part.add_argument("index", type=int)
     part.add_argument("--parts-dir", type=Path, default=Path("/tmp"))
+    split = sub.add_parser("split", help="cut the target's GGUF into the parts the calls carry; fetch the gguf wheel")
+    split.add_argument("--parts", type=int, default=None, help="how many (default: the fewest that fit the calls)")
     prep = sub.add_parser("prep", help="write the prompt extracts the window carries")
     prep.add_argument("--prompts-dir", type=Path, default=Path(".gpudata/prompts"))
     prep.add_argument("--train-sets", default=None,
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "plan":
         options = run.parse_args(["--out", "unused", *args.run_options])
         return print_plan(args.run_options, options, window_seconds(options))
-    modes = {"part": copy_part, "prep": write_prompts, "reference": write_reference, "run": run_window}
+    modes = {"split": split_target, "part": copy_part, "prep": write_prompts, "reference": write_reference, "run": run_window}
     return modes[args.mode](args)
 
 

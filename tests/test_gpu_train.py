@@ -191,7 +191,7 @@ def test_the_plan_names_every_call_with_its_carry_and_a_timeout_that_fits(monkey
 
 
 def split_embedded_gguf(folder: Path, parts: int = 3) -> Path:
-    """The embedded GGUF in `parts` files, as gpu-prep.sh splits it, and the sha256 file it writes."""
+    """The embedded GGUF in `parts` files, as `gpu_train.sh split` cuts it, and the sha256 file it writes."""
     from blockdraft.io.targets import embedded_gguf_path, sha256_file
 
     data = embedded_gguf_path().read_bytes()
@@ -267,3 +267,27 @@ def test_dry_run_with_a_doctored_reference_refuses_to_train(tmp_path):
     assert summary["status"] == "refused" and "new token 10" in summary["reason"]
     assert "beyond float32 rounding" in (tmp_path / "out" / "REFUSED.txt").read_text()
     assert not (tmp_path / "work" / "data").exists() and not (tmp_path / "out" / "draft").exists()
+
+
+def test_split_cuts_the_gguf_into_parts_that_join_back_with_its_sha256(tmp_path, monkeypatch):
+    import hashlib
+    from types import SimpleNamespace
+
+    import blockdraft.io.targets as targets
+
+    gguf = tmp_path / "target.gguf"
+    gguf.write_bytes(bytes(range(256)) * 1000 + b"tail")  # 256,004 bytes: parts of unequal size
+    monkeypatch.setattr(targets, "embedded_gguf_path", lambda: gguf)
+    monkeypatch.setattr(gpu_prep, "REPO", tmp_path)
+    monkeypatch.setattr(gpu_prep, "_travelling_bytes", lambda: 0)
+    fetched = []
+    monkeypatch.setattr(gpu_prep.subprocess, "run", lambda command, check: fetched.append(command))
+    (tmp_path / ".gpu_9").mkdir()  # a stale part of an earlier split must go
+    assert gpu_prep.split_target(SimpleNamespace(parts=3)) == 0
+    folders = gpu_prep.gpu_folders()
+    assert [f.name for f in folders] == [".gpu_1", ".gpu_2", ".gpu_3"]
+    joined = b"".join((folder / f"part_{i:03d}").read_bytes() for i, folder in enumerate(folders, 1))
+    assert joined == gguf.read_bytes()
+    assert (folders[-1] / "sha256").read_text().strip() == hashlib.sha256(joined).hexdigest()
+    assert any("gguf==0.19.0" in part for part in fetched[0]), "the gguf wheel is fetched for the device"
+    assert "/.gpu_1/" in (tmp_path / ".git" / "info" / "exclude").read_text(), "parts stay out of git"
