@@ -117,6 +117,7 @@ class Target:
         return self.embed_tokens.weight.device
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
+        capacity = -(-capacity // SPAN_GRID) * SPAN_GRID  # every span `_attention_mask` rounds up fits
         return KVCache(self.num_layers, batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -202,7 +203,7 @@ class Target:
         if slots is None and block_mask is None and T > 1 and _from_slot_zero(positions):
             bias, span = CAUSAL, T  # a prefill: no [B, T, T] mask
         else:
-            mask = _attention_mask(positions, slots, block_mask)  # [B, T, span]
+            mask = _attention_mask(positions, slots, block_mask, cache.capacity)  # [B, T, span]
             bias, span = attention_bias(mask, self.heads // self.kv_heads, self.dtype), mask.shape[-1]  # every layer's
         slots = positions if slots is None else slots
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
@@ -232,15 +233,29 @@ def _from_slot_zero(positions: torch.Tensor) -> bool:
     return torch.equal(positions, torch.arange(positions.shape[1], device=positions.device).expand_as(positions))
 
 
-def _attention_mask(positions: torch.Tensor, slots: torch.Tensor | None, block_mask: torch.Tensor | None):
-    """[B, T, span] bool over cache slots: causal by position, or context-plus-`block_mask` for a tree."""
+def _attention_mask(positions: torch.Tensor, slots: torch.Tensor | None, block_mask: torch.Tensor | None,
+                    capacity: int):
+    """[B, T, span] bool over cache slots: causal by position, or context-plus-`block_mask` for a tree. The span is
+    rounded up to a multiple of SPAN_GRID (within `capacity`)."""
     if slots is None:
-        columns = torch.arange(int(positions.max()) + 1, device=positions.device)
+        columns = torch.arange(_span(int(positions.max()) + 1, capacity), device=positions.device)
         return columns[None, None, :] <= positions[:, :, None]
     B, T = slots.shape
-    columns = torch.arange(int(slots.max()) + 1, device=slots.device)
+    columns = torch.arange(_span(int(slots.max()) + 1, capacity), device=slots.device)
     mask = (columns[None, :] < slots[:, :1]).unsqueeze(1).repeat(1, T, 1)  # the context before the first slot
     return mask.scatter(2, slots[:, None, :].expand(B, T, T), block_mask)
+
+
+# Attention spans are rounded up to a multiple of this. The CPU attention kernel sums a query's keys in vector
+# lanes of 16 floats, so two spans of other lengths can sum one row's keys in other orders, and in bf16 round it
+# apart: a one-token step of the target alone (span p + 1) against the same token in a K-row verify block (span
+# p + K). Masked keys in whole extra lanes add exact zeros, so on a common grid the row is the same bits
+# (tests/test_decode.py; docs/design.md §14).
+SPAN_GRID = 16
+
+
+def _span(needed: int, capacity: int) -> int:
+    return min(-(-needed // SPAN_GRID) * SPAN_GRID, capacity)
 
 
 def _layer_linears(layer, packed: bool) -> dict:
