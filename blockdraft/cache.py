@@ -34,8 +34,8 @@ class KVCache:
         the scatter into a slice copy: the same values, a fraction of the per-call cost of a decode step."""
         if start is not None:
             T = k.shape[2]
-            self.keys[layer][:, :, start : start + T] = k
-            self.values[layer][:, :, start : start + T] = v
+            self.keys[layer].narrow(2, start, T).copy_(k)
+            self.values[layer].narrow(2, start, T).copy_(v)
             return
         rows = torch.arange(k.shape[0], device=k.device)[:, None]  # [B, 1]
         # Advanced indexing puts the indexed dims first: the target view is [B, T, Hkv, Dh].
@@ -54,7 +54,7 @@ class KVCache:
 
     def read(self, layer: int, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Slots [0, upto) of `layer`: two [B, Hkv, upto, Dh] views."""
-        return self.keys[layer][:, :, :upto], self.values[layer][:, :, :upto]
+        return self.keys[layer].narrow(2, 0, upto), self.values[layer].narrow(2, 0, upto)
 
     def move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
         """Copy each row's slots source [B, n] to its slots dest [B, n] in every layer (a token tree's accepted

@@ -195,20 +195,3 @@ def test_padded_context_rows_do_not_leak():
     alone.append_context(feats[:1, :4], torch.tensor([4]))
     got = batch.propose(torch.tensor([3, 3]), torch.tensor([4, 10]))[0]
     torch.testing.assert_close(got, alone.propose(torch.tensor([3]), torch.tensor([4]))[0], atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_tables_rotate_with_the_hf_functions_bits(dtype):
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    from blockdraft.model.target import _rope_tables, _swap_halves
-
-    target = tiny_target("llama")
-    positions = torch.tensor([[0, 5, 17, 300], [1, 2, 3, 511]])
-    x = torch.randn(2, 4, target.config.hidden_size).to(dtype)
-    cos, sin = target.rotary(x, positions)  # [B, T, Dh]
-    q, k = torch.randn(2, 4, 4, 16).to(dtype), torch.randn(2, 2, 4, 16).to(dtype)  # [B, H, T, Dh]
-    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
-    c, s = _rope_tables(cos, sin)
-    assert torch.equal(q * c + _swap_halves(q) * s, expected_q)
-    assert torch.equal(k * c + _swap_halves(k) * s, expected_k)

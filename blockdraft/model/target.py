@@ -17,6 +17,7 @@ import torch
 from ..cache import KVCache
 from ..errors import ConfigError
 from . import q4
+from .lean import activation_function, mlp_function, norm_function, qkv_function, residual
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
 
@@ -68,13 +69,18 @@ class Target:
         # modules themselves; int4 (stacked the same way) for a quantized target.
         self.linears = (self._int4_linears(quantized) if quantized is not None
                         else [_layer_linears(layer, self.packed) for layer in self.layers])
-        # The same, with each packed one as its unchecked product: a forward checks every packed copy once
-        # (`_projections`) instead of at each of its ~120 calls, which cost ~5 % of a one-token step here.
+        # The same, with each packed or int4 one as its unchecked product: a forward checks every packed copy once
+        # (`_unchecked`) instead of at each of its ~120 calls, which cost ~5 % of a one-token step here.
         self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
-        self._products = [{name: f.product if isinstance(f, PackedConcat) else f for name, f in linears.items()}
-                          for linears in self.linears]
+        self._products = [{name: f.product if isinstance(f, (PackedConcat, q4.Q4Linear)) else f
+                           for name, f in linears.items()} for linears in self.linears]
         self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
+        self._final_norm = norm_function(self.final_norm)  # lean.py: the module's bits, fewer calls
+        # Per layer, what a forward runs, as plain functions (lean.py): with the packed products unchecked, and with
+        # the checked ones (`_unchecked` picks).
+        self._plans = {unchecked: [self._layer_plan(layer, linear) for layer, linear in zip(self.layers, linears)]
+                       for unchecked, linears in ((True, self._products), (False, self.linears))}
 
     def _can_pack(self) -> bool:
         return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(self.lm_head.weight)
@@ -140,47 +146,25 @@ class Target:
             heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids], pack=self.packed)
         return heads[key]
 
-    def _projections(self, x: torch.Tensor) -> list[dict]:
-        """Per layer, the projections a forward from hidden states x runs: the packed products unchecked when x
-        suits them (bf16 on CPU, no gradient; every layer keeps x's dtype) and every packed copy is current, else
-        the checked ones (`PackedConcat.__call__`), which fall back to `F.linear` one by one."""
+    def _unchecked(self, x: torch.Tensor) -> bool:
+        """Whether a forward from hidden states x runs the packed products unchecked: x suits them (bf16 on CPU, no
+        gradient; every layer keeps x's dtype) and every packed copy is current. Else the checked ones
+        (`PackedConcat.__call__`), which fall back to `F.linear` one by one."""
         suits = x.dtype == torch.bfloat16 and x.device.type == "cpu" and not x.requires_grad
-        return self._products if suits and all(p.ready() for p in self._packs) else self.linears
+        return suits and all(p.ready() for p in self._packs)
 
-    def _attention(self, layer, linear: dict, x, rope, cache: KVCache, index: int, slots, span: int, bias,
-                   start: int | None = None):
-        """One attention block over its projections `linear`: write this call's K/V at `slots` [B, T], attend over
-        slots 0..span-1 as `bias` (layers.attention_bias) allows, or causally when `bias` is CAUSAL."""
+    def _layer_plan(self, layer, linear: dict) -> tuple:
+        """(norm_in, qkv, o, norm_post, mlp) of one layer over its projections `linear`, for `forward`'s loop."""
         attn = layer.self_attn
-        B, T, _ = x.shape
-        H, Hkv, Dh = self.heads, self.kv_heads, self.head_dim
-        c, s = rope  # [B, 1, T, Dh] each: cos, and sin with its first half negated (`_rope_tables`)
-        if "qkv" in linear:
-            qkv = linear["qkv"](x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
-            q, k, v = qkv.split([H, Hkv, Hkv], dim=1)
-        else:
-            q = linear["q"](x).view(B, T, H, Dh).transpose(1, 2)  # [B, H, T, Dh]
-            k = linear["k"](x).view(B, T, Hkv, Dh).transpose(1, 2)  # [B, Hkv, T, Dh]
-            v = linear["v"](x).view(B, T, Hkv, Dh).transpose(1, 2)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        if "qkv" in linear and not hasattr(attn, "q_norm"):  # q and k rotated together: same ops, half the calls
-            qk = qkv[:, : H + Hkv]
-            q, k = (qk * c + _swap_halves(qk) * s).split([H, Hkv], dim=1)
-        else:
-            q = q * c + _swap_halves(q) * s
-            k = k * c + _swap_halves(k) * s
-        cache.write(index, k, v, slots, start)
-        keys, values = cache.read(index, span)
-        out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
-        return linear["o"](out.transpose(1, 2).reshape(B, T, -1))
-
-    def _mlp(self, layer, linear: dict, x):
-        """The layer's gated MLP, down(act(gate(x)) * up(x)), over its (packed) projections `linear`."""
-        if "gate_up" in linear:
-            gate, up = linear["gate_up"](x).chunk(2, dim=-1)
-            return linear["down"](layer.mlp.act_fn(gate) * up)
-        return linear["down"](layer.mlp.act_fn(linear["gate"](x)) * linear["up"](x))
+        qk_norms = (attn.q_norm, attn.k_norm) if hasattr(attn, "q_norm") else None  # Qwen3: per head, before RoPE
+        qkv = qkv_function(self.heads, self.kv_heads, self.head_dim, stacked=linear.get("qkv"),
+                           separate=None if "qkv" in linear else (linear["q"], linear["k"], linear["v"]),
+                           qk_norms=qk_norms)
+        act = activation_function(layer.mlp)
+        mlp = (mlp_function(act, linear["down"], gate_up=linear["gate_up"]) if "gate_up" in linear
+               else mlp_function(act, linear["down"], gate=linear["gate"], up=linear["up"]))
+        return (norm_function(layer.input_layernorm), qkv, linear["o"], norm_function(layer.post_attention_layernorm),
+                mlp)
 
     def forward(
         self,
@@ -208,23 +192,30 @@ class Target:
         slots = positions if slots is None else slots
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
-        rope = _rope_tables(*self.rotary(x, positions))  # once for all layers
+        B, D = x.shape[0], x.shape[-1]
+        c, s = _rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
+        x = x.view(B * T, D)  # [M, D]: every op but attention works row by row
         tapped = {}
         wanted = set(tap_layer_ids)
-        projections = self._projections(x)
-        for index, (layer, linear) in enumerate(zip(self.layers, projections)):
-            x = x + self._attention(layer, linear, layer.input_layernorm(x), rope, cache, index, slots,
-                                    span, bias, start)
-            x = x + self._mlp(layer, linear, layer.post_attention_layernorm(x))
-            if index in wanted:
+        kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
+        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)]):
+            q, k, v = qkv(norm_in(x), B, T, c, s)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
+            cache.write(index, k, v, slots, start)
+            keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
+            out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
+            x = residual(x, o(out.transpose(1, 2).reshape(B * T, -1)), keep=kept)
+            x = residual(x, mlp(norm_post(x)), keep=False)
+            kept = index in wanted
+            if kept:
                 # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
                 # post-norm, which the checkpoint loader refuses unless explicitly allowed (docs/format.md §3.1).
-                tapped[index] = self.final_norm(x) if index == self.num_layers - 1 else x
+                tapped[index] = (self._final_norm(x) if index == self.num_layers - 1 else x).view(B, T, D)
+        x = x.view(B, T, D)
         features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
         logits = None
         if logit_rows is not None:
             rows = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
-            logits = self.logits(self.final_norm(rows))
+            logits = self.logits(self._final_norm(rows))
         return TargetOutput(logits=logits, features=features)
 
 
@@ -294,13 +285,9 @@ def _projections(layer) -> dict:
 
 def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [B, T, Dh] -> [B, 1, T, Dh] each, sin with its first half negated: then
-    x * cos + _swap_halves(x) * sin is RoPE's x * cos + rotate_half(x) * sin bit for bit ((-a) * b == a * (-b)),
+    `lean.rotate(x, cos, sin)` is RoPE's x * cos + rotate_half(x) * sin bit for bit ((-a) * b == a * (-b)),
     without rotate_half's negation and concatenation in every layer."""
     half = sin.shape[-1] // 2
     signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
     return cos[:, None], signed[:, None]
 
-
-def _swap_halves(x: torch.Tensor) -> torch.Tensor:
-    """x [..., Dh] -> its two halves swapped, [x2, x1]."""
-    return x.roll(x.shape[-1] // 2, dims=-1)
