@@ -20,13 +20,16 @@ import torch.nn.functional as F
 STANDARD_RMS_NORMS = ("LlamaRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float | torch.Tensor,
+             width: torch.Tensor | None = None) -> torch.Tensor:
     """HF's Llama RMSNorm of x [..., D], bit for bit: weight * (h * rsqrt(mean(h^2) + eps)).to(x.dtype), h = x in
-    float32. The mean, its epsilon and the rsqrt share one buffer; h is scaled in place when it is a copy (a bf16
-    x) that no gradient needs."""
+    float32. The mean is HF's own arithmetic (its CPU kernel sums, then divides by D); the division, the epsilon
+    and the rsqrt share one buffer. `eps` and `width` (D) may come as float32 0-dim tensors (`norm_function`): an
+    op with a Python number costs about twice one with a tensor here. h is scaled in place when it is a copy (a
+    bf16 x) that no gradient needs."""
     h = x.to(torch.float32)  # [..., D]
-    scale = h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # [..., 1]
-    # h is x itself for a float32 x, and pow saved it for a backward when it needs a gradient: scale a copy then.
+    scale = (h * h).sum(-1, keepdim=True).div_(h.shape[-1] if width is None else width).add_(eps).rsqrt_()  # [..., 1]
+    # h is x itself for a float32 x, and h * h saved it for a backward when it needs a gradient: scale a copy then.
     h = h * scale if h is x or h.requires_grad else h.mul_(scale)
     return weight * h.to(x.dtype)
 
@@ -35,7 +38,10 @@ def norm_function(module: torch.nn.Module):
     """x [..., D] -> normed x: `rms_norm` over the module's weight when it is a standard HF RMSNorm, else the module
     itself (its own forward, whatever it computes)."""
     if type(module).__name__ in STANDARD_RMS_NORMS and hasattr(module, "variance_epsilon"):
-        return partial(rms_norm, weight=module.weight, eps=module.variance_epsilon)
+        weight = module.weight
+        constant = partial(torch.tensor, dtype=torch.float32, device=weight.device)
+        return partial(rms_norm, weight=weight, eps=constant(module.variance_epsilon),
+                       width=constant(float(weight.shape[-1])))
     return module
 
 
