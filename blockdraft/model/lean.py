@@ -46,8 +46,12 @@ def norm_function(module: torch.nn.Module):
 
 
 def activation_function(mlp: torch.nn.Module):
-    """The MLP's activation: `F.silu` when it is HF's SiLU module (one call fewer per layer), else the module."""
-    return F.silu if type(mlp.act_fn) is torch.nn.SiLU else mlp.act_fn
+    """The MLP's activation: `F.silu` when it is a SiLU module (torch's, or transformers' SiLUActivation, whose
+    forward is F.silu), one call fewer per layer; else the module."""
+    return F.silu if type(mlp.act_fn).__name__ in SILU_MODULES else mlp.act_fn
+
+
+SILU_MODULES = ("SiLU", "SiLUActivation")
 
 
 def gated(act, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from . import q4
+from . import q4, scripted
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
@@ -81,6 +81,7 @@ class Target:
         # the checked ones (`_unchecked` picks).
         self._plans = {unchecked: [self._layer_plan(layer, linear) for layer, linear in zip(self.layers, linears)]
                        for unchecked, linears in ((True, self._products), (False, self.linears))}
+        self._fixed = scripted.fixed_operands(self)  # the TorchScript loop's operands; None: it does not apply
 
     def _can_pack(self) -> bool:
         return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(self.lm_head.weight)
@@ -166,6 +167,36 @@ class Target:
         return (norm_function(layer.input_layernorm), qkv, linear["o"], norm_function(layer.post_attention_layernorm),
                 mlp)
 
+    def _layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids) -> tuple[torch.Tensor, dict]:
+        """The decoder layers over x [M, D] in Python, from the per-layer plans: x after the last layer, and
+        {id: x after layer id} for the tapped ids (the reference loop; `_scripted_layers` runs the same ops)."""
+        tapped = {}
+        wanted = set(tap_layer_ids)
+        kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
+        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)]):
+            q, k, v = qkv(norm_in(x), B, T, c, s)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
+            cache.write(index, k, v, slots, start)
+            keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
+            out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
+            x = residual(x, o(out.transpose(1, 2).reshape(B * T, -1)), keep=kept)
+            x = residual(x, mlp(norm_post(x)), keep=False)
+            kept = index in wanted
+            if kept:  # id j is the output of decoder layer j (HF hidden_states[j + 1])
+                tapped[index] = x
+        return x, tapped
+
+    def _scripted_layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids):
+        """`_layers` as one TorchScript call (scripted.py): the same ops, without Python between them."""
+        fixed = self._fixed
+        wanted = sorted(set(tap_layer_ids))
+        causal = bias is CAUSAL  # else bias is the mask's bias, or None where every row sees every slot
+        x, copies = scripted.scripted_run_layers()(
+            x, q4.BLOCK, fixed["weights"], fixed["scales"], fixed["norms"], fixed["eps"], fixed["width"],
+            fixed["qk_norms"], fixed["qk_eps"], fixed["qk_width"], cache.keys, cache.values, slots,
+            -1 if start is None else start, span, causal, None if causal else bias, c, s, B, T, self.heads,
+            self.kv_heads, self.head_dim, wanted)
+        return x, dict(zip(wanted, copies))
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T]
@@ -195,21 +226,13 @@ class Target:
         B, D = x.shape[0], x.shape[-1]
         c, s = _rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
         x = x.view(B * T, D)  # [M, D]: every op but attention works row by row
-        tapped = {}
-        wanted = set(tap_layer_ids)
-        kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
-        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)]):
-            q, k, v = qkv(norm_in(x), B, T, c, s)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
-            cache.write(index, k, v, slots, start)
-            keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
-            out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
-            x = residual(x, o(out.transpose(1, 2).reshape(B * T, -1)), keep=kept)
-            x = residual(x, mlp(norm_post(x)), keep=False)
-            kept = index in wanted
-            if kept:
-                # Id j is the output of decoder layer j (HF hidden_states[j + 1]); the last layer's entry in HF is
-                # post-norm, which the checkpoint loader refuses unless explicitly allowed (docs/format.md §3.1).
-                tapped[index] = (self._final_norm(x) if index == self.num_layers - 1 else x).view(B, T, D)
+        if self._fixed is not None and self._unchecked(x):
+            x, tapped = self._scripted_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids)
+        else:
+            x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids)
+        if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
+            tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
+        tapped = {index: h.view(B, T, D) for index, h in tapped.items()}
         x = x.view(B, T, D)
         features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
         logits = None
