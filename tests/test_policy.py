@@ -237,3 +237,19 @@ def test_the_first_steps_are_the_widest_so_wide_widths_are_learnt():
             policy.observe(width, [width - 1], within=within)
         assert chosen[:2] == [policy.widths[-1]] * 2, chosen
         assert chosen[2] == policy.widths[-1], "a draft that hits everything keeps the widest width"
+
+
+def test_no_opening_where_no_width_pays_at_the_priors():
+    """A plain step so cheap that no drafted width pays at the priors' acceptance (an int4 target on a CPU): the
+    opening's wide steps would be a loss, so the first steps are plain; re-tries still look for a draft that pays."""
+    from blockdraft.decode.policy import TreeWidth
+
+    cheap_plain = costs_of(lambda w: 0.008 if w == 1 else 0.020 + 0.002 * w)  # break-even well above the priors
+    for policy in (AdaptiveWidth(8, cheap_plain), TreeWidth(8, cheap_plain)):
+        chosen = []
+        for _ in range(3):
+            chosen.append(policy.choose())
+            policy.observe(chosen[-1], [0], within={})
+        assert chosen == [1, 1, 1], chosen
+    for policy in (AdaptiveWidth(8, CPU_LIKE), TreeWidth(8, CPU_LIKE)):  # where drafting can pay, it opens wide
+        assert policy.choose() == policy.widths[-1]

@@ -47,6 +47,9 @@ class CostModel:
 
     plain: dict[int, float] = field(default_factory=dict)  # bucket -> seconds
     drafted: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> {positions: seconds}
+    # seconds() and per_position() by their arguments: a policy asks about ten of them at every step, and the
+    # answers change only with `update`
+    _known: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def buckets(self) -> set[int]:
         return set(self.plain) & set(self.drafted)
@@ -60,6 +63,12 @@ class CostModel:
 
     def seconds(self, rows: int, positions: int, drafted: bool) -> float:
         """Expected seconds of a step over `rows` rows verifying `positions` positions, with or without the draft."""
+        key = (rows, positions, drafted)
+        if key not in self._known:
+            self._known[key] = self._seconds(rows, positions, drafted)
+        return self._known[key]
+
+    def _seconds(self, rows: int, positions: int, drafted: bool) -> float:
         bucket = self._bucket(rows)
         if not drafted:
             return self.plain[bucket] + self.per_position(rows) * max(positions - 1, 0)
@@ -76,9 +85,12 @@ class CostModel:
     def per_position(self, rows: int) -> float:
         """What one more verified position costs: the slope from the narrowest to the widest drafted step (both
         run the draft, so its own cost cancels), never negative."""
-        table = self.drafted[self._bucket(rows)]
-        low, high = min(table), max(table)
-        return max((table[high] - table[low]) / (high - low), 0.0) if high > low else 0.0
+        key = ("per position", rows)
+        if key not in self._known:
+            table = self.drafted[self._bucket(rows)]
+            low, high = min(table), max(table)
+            self._known[key] = max((table[high] - table[low]) / (high - low), 0.0) if high > low else 0.0
+        return self._known[key]
 
     def break_even(self, rows: int, positions: int) -> float:
         """The tokens a drafted step of `positions` verified positions must return (tau, bonus included) to pay for
@@ -97,6 +109,7 @@ class CostModel:
     def update(self, other: CostModel) -> None:
         self.plain.update(other.plain)
         self.drafted.update(other.drafted)
+        self._known.clear()
 
 
 def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 8, 16, 32),

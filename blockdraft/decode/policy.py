@@ -18,7 +18,9 @@ slot's estimate keeps rarely reached slots from looking good by default). t(w) c
 so the same request chooses the same widths, and gives the same tokens, every time (docs/design.md §14).
 
 The first `opening` (2) steps verify the widest width, which tells every narrower width's acceptance too; from
-the priors alone the cheapest drafted width would win and learn only of itself. With a weak draft (or text it
+the priors alone the cheapest drafted width would win and learn only of itself. They run only where some drafted
+width pays at the priors' acceptance (`_may_pay`): not where a plain step is so cheap that no width can (an int4
+target on a CPU), where they cost about 3 % of a 128-token answer. With a weak draft (or text it
 cannot predict) this settles on w = 1, the target's own speed, and it re-tries
 the runner-up width every `explore_every` steps so it notices when drafting pays again; every `explore_close`
 steps while the runner-up is expected within `close` (10 %) of the best (a draft near break-even must not stay
@@ -149,9 +151,9 @@ class AdaptiveWidth:
         return max(self.rate(w, gain) for w in self.widths)
 
     def choose(self) -> int:
-        if self.steps < self.opening:  # the widest step tells what every narrower width would have accepted
-            return self.widths[-1]
         gain = self.gains()
+        if self.steps < self.opening and self._may_pay(gain):
+            return self.widths[-1]  # the widest step tells what every narrower width would have accepted
 
         def score(w: int) -> float:  # drafting must win by `margin`: a near-tie is not worth a wider verify
             return self.rate(w, gain) / (self.margin if w > 1 else 1.0)
@@ -169,6 +171,14 @@ class AdaptiveWidth:
             self.explorations += 1
             return explore
         return best
+
+    def _may_pay(self, gain: torch.Tensor) -> bool:
+        """Whether some drafted width beats a plain step at the priors' acceptance (asked during the opening, when
+        the gains are still the priors'): where even that cannot pay, as for a step as cheap as an int4 target's on
+        a CPU, the opening's wide steps would lose on most requests, and the budgeted re-tries alone look for a
+        draft that pays."""
+        plain = self.rate(1, gain)
+        return any(self.rate(w, gain) > plain * self.margin for w in self.widths if w > 1)
 
     def _explore(self, ranked: list[int], count: int) -> int:
         """The width of the count-th re-try, from the widths ranked best first: the runner-up."""
