@@ -112,3 +112,17 @@ def test_a_packed_draft_keeps_its_keys_and_its_outputs():
     assert torch.equal(packed.project_context(features), plain.project_context(features))
     packed.float()  # a cast after packing: the stale bf16 copy must not be used
     assert torch.equal(packed.project_context(features.float()), plain.float().project_context(features.float()))
+
+
+@pytest.mark.skipif(not packing_supported(torch.zeros(1, dtype=torch.bfloat16)), reason="no packed bf16 here")
+@pytest.mark.parametrize("shape", [(576, 1536), (3072, 576), (960, 576)])  # SmolLM2's down, gate_up and qkv
+def test_a_single_row_is_multiplied_as_a_row_of_a_block(shape):
+    # oneDNN may take another kernel for one row, summing in another order: a 1536-input product rounded 1 row in
+    # 10 apart here, so a one-token step parted from the same token in a verify block (single_row_differs).
+    torch.manual_seed(0)
+    linear = PackedLinear((torch.randn(*shape) * 0.05).to(torch.bfloat16))
+    for rows in (2, 3, 9):
+        x = (torch.randn(rows, shape[1]) * 0.05).to(torch.bfloat16)
+        block = linear(x)
+        for r in range(rows):
+            assert torch.equal(linear(x[r : r + 1])[0], block[r]), f"row {r} of {rows} rounds apart when alone"

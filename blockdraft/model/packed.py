@@ -92,16 +92,50 @@ class PackedConcat:
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """The packed product, unchecked: x [..., D] must match the weights' dtype and device and need no gradient,
         and `ready()` must have held since the weights last changed (a forward over many linears checks them all
-        once, target.py, instead of once per call)."""
-        flat = x.reshape(-1, x.shape[-1])  # [M, D], contiguous as oneDNN needs
-        out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
+        once, target.py, instead of once per call). A single row runs as a pair where oneDNN would multiply it
+        otherwise than a row among several (`single_row_differs`)."""
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, D], contiguous as oneDNN needs
+        if flat.shape[0] == 1 and single_row_differs(self.packed, self.bias):
+            out = self._kernel(flat.expand(2, -1).contiguous())[:1]
+        else:
+            out = self._kernel(flat)
         return out.view(*x.shape[:-1], -1)
+
+    def _kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         first = self.weights[0]
         if x.requires_grad or x.dtype != first.dtype or x.device != first.device or not self.ready():
             return self._reference(x)
         return self.product(x)
+
+
+def single_row_differs(packed: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether oneDNN multiplies a single row by this packed weight otherwise than the same row among several.
+
+    For one row oneDNN may take another kernel, which sums the inputs in another order: here a 1536-input
+    product (SmolLM2's MLP down projection) rounded 1 row in 10 apart in bf16, while every row count from 2 on
+    agreed with every other. A one-token step of the target alone would then round apart from the same token in
+    a verify block. Asked once per weight shape, bias and thread count, on `CHECK_ROWS` rows of fixed random
+    inputs through this weight; where it differs, single rows run as a pair (about 10 us more for that product).
+    """
+    key = (tuple(packed.shape), bias is not None, torch.get_num_threads())  # packed keeps the shape [N, D]
+    if key not in _SINGLE_ROW_DIFFERS:
+        x = torch.randn(CHECK_ROWS, packed.shape[1], generator=torch.Generator().manual_seed(0)).mul_(0.05)
+        x = x.to(packed.dtype)  # [CHECK_ROWS, D]
+
+        def kernel(rows: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+        together = kernel(x)
+        _SINGLE_ROW_DIFFERS[key] = any(not torch.equal(kernel(x[r : r + 1])[0], together[r])
+                                       for r in range(CHECK_ROWS))
+    return _SINGLE_ROW_DIFFERS[key]
+
+
+CHECK_ROWS = 32  # a kernel that sums in another order rounds about 1 row in 10 apart: 32 rows miss it 1 time in 30
+_SINGLE_ROW_DIFFERS: dict[tuple, bool] = {}
 
 
 class PackedLinear(PackedConcat):
