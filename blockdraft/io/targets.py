@@ -207,15 +207,58 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     try:
         with _quiet_if_local(source):
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            if name in (None, EMBEDDED_TARGET):  # our own float32 copy: read a tensor at a time (a third the peak)
+                model = load_embedded_model(Path(source), torch_dtype, skip_projections=weights == "q4")
+            else:
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
+                                                             trust_remote_code=trust_remote_code)
     except OSError as error:
         raise ConfigError(
             f"could not load target {name!r}: {error}; pass a local Hugging Face folder, a reachable hub id, "
             f"or omit --target for the embedded {EMBEDDED_TARGET}"
         ) from error
     quantized = q4_blocks(embedded_gguf_path(), model.config) if weights == "q4" else None
-    return Target(model.to(device), tokenizer, name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name,
+    if weights == "q4" and quantized is None:  # another quantization in the file: its projections after all
+        model = load_embedded_model(Path(source), torch_dtype)
+    return Target(model if quantized is not None else model.to(device), tokenizer, name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name,
                   quantized=quantized)
+
+
+PROJECTIONS = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",
+               ".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj.")
+
+
+def load_embedded_model(folder: Path, torch_dtype: torch.dtype, skip_projections: bool = False):
+    """The embedded target's Hugging Face model from our float32 safetensors copy, one tensor at a time.
+
+    `from_pretrained` held the whole float32 file and the bf16 model at once: 1.2 GB resident at its peak for a
+    270 MB model, and 650 MB after. Here the model is built without memory (meta device) and each tensor is read,
+    cast and assigned on its own. `skip_projections` leaves the seven linears of every layer unread, for int4
+    weights to replace them (model/q4.py): then they stay on the meta device until `Target` does."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    state = {}
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+        for key in weights.keys():
+            if not (skip_projections and any(part in key for part in PROJECTIONS)):
+                state[key] = weights.get_tensor(key).to(torch_dtype)  # float32 -> the dtype, freed at once
+    if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in state:  # the copy keeps one of the two
+        state.setdefault("model.embed_tokens.weight", state["lm_head.weight"])
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    del state
+    # Buffers the checkpoint does not hold (RoPE's inverse frequencies) were made on the meta device: make them again.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+            if t.is_meta and not (skip_projections and any(part in f".{n}" for part in PROJECTIONS))]
+    if left or unexpected:
+        raise CheckpointError(f"the cached copy of the embedded target in {folder} does not fill the model: missing "
+                              f"{left[:4]}, unexpected {list(unexpected)[:4]}; delete {folder} and run again")
+    return model.eval()
 
 
 WEIGHTS = {"bf16": "bfloat16", "fp32": "float32", "q4": "bfloat16"}  # --weights -> the dtype of what stays float
