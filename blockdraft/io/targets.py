@@ -220,8 +220,9 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     quantized = q4_blocks(embedded_gguf_path(), model.config) if weights == "q4" else None
     if weights == "q4" and quantized is None:  # another quantization in the file: its projections after all
         model = load_embedded_model(Path(source), torch_dtype)
-    return Target(model if quantized is not None else model.to(device), tokenizer, name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name,
-                  quantized=quantized)
+    # An int4 target stays on the CPU, its projections still on the meta device until Target replaces them.
+    return Target(model if quantized is not None else model.to(device), tokenizer,
+                  name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name, quantized=quantized)
 
 
 PROJECTIONS = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",

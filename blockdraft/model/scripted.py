@@ -2,7 +2,7 @@
 
 A one-token step of a 30-layer target calls about 1,500 small ops from Python; each call's argument parsing and
 interpreter work cost about as much as the op itself on a 2-core CPU. TorchScript runs the same ops, in the same
-order, from its own interpreter: a one-token int4 step of SmolLM2 went from 10.5 to 8.4 ms here, with the same
+order, from its own interpreter: a one-token int4 step of SmolLM2 went from 10.5-11 to 8.5-9 ms here, with the same
 bits (tests/test_scripted.py compares it with the Python loop of target.py, which stays the reference and runs
 everything this does not: float32 and GPU targets, gradients, unstacked projections).
 
@@ -43,17 +43,20 @@ def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (x * c).add_(x.roll(x.shape[-1] // 2, -1).mul_(s))
 
 
-def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales: List[torch.Tensor], norms: List[torch.Tensor], eps: torch.Tensor,
-               width: torch.Tensor, qk_norms: List[torch.Tensor], qk_eps: torch.Tensor, qk_width: torch.Tensor,
-               keys: List[torch.Tensor], values: List[torch.Tensor], slots: torch.Tensor, start: int, span: int,
-               causal: bool, bias: Optional[torch.Tensor], c: torch.Tensor, s: torch.Tensor, B: int, T: int, H: int, Hkv: int,
-               Dh: int, taps: List[int]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    """Every decoder layer over x [M, D] (the embedded tokens; added into in place): per layer l, `weights` and
-    `scales` (int4 codes, scales and zeros) hold its qkv, o, gate_up and down products at 4l..4l+3 and `norms` its input and post-attention norm
-    weights at 2l, 2l+1 (`qk_norms`: Qwen3's q and k norms the same way, or empty). Each layer writes its K/V at
-    `slots` [B, T] (`start` >= 0: every row's slots are start..start+T-1) and attends over slots 0..S-1 as
-    `bias` [B, g*T, S] allows (None: all of them), or, when `causal`, causally (a prefill from slot 0). Returns x [M, D] after the
-    last layer and a copy of x after each layer in `taps`."""
+def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales: List[torch.Tensor],
+               norms: List[torch.Tensor], eps: torch.Tensor, width: torch.Tensor, qk_norms: List[torch.Tensor],
+               qk_eps: torch.Tensor, qk_width: torch.Tensor, keys: List[torch.Tensor], values: List[torch.Tensor],
+               slots: torch.Tensor, start: int, span: int, causal: bool, bias: Optional[torch.Tensor],
+               c: torch.Tensor, s: torch.Tensor, B: int, T: int, H: int, Hkv: int, Dh: int,
+               taps: List[int]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    """Every decoder layer over x [M, D] (the embedded tokens; added into in place).
+
+    Per layer l, `weights` and `scales` (int4 codes; scales and zeros) hold its qkv, o, gate_up and down products at
+    4l..4l+3, and `norms` its input and post-attention norm weights at 2l, 2l+1 (`qk_norms`: Qwen3's q and k norms
+    the same way, or empty). Each layer writes its K/V at `slots` [B, T] (`start` >= 0: every row's slots are
+    start..start+T-1) and attends over slots 0..S-1 as `bias` [B, g*T, S] allows (None: all of them), or, when
+    `causal`, causally (a prefill from slot 0). Returns x [M, D] after the last layer and a copy of x after each
+    layer in `taps`."""
     M = B * T
     g = H // Hkv
     tapped: List[torch.Tensor] = []
@@ -141,5 +144,6 @@ def fixed_operands(target) -> dict | None:
         return None  # one epsilon is passed for all layers
     first, qk_first = norms[0].keywords, (qk[0].keywords if qk else norms[0].keywords)
     weights, scales = layer_operands(target.linears)
-    return dict(weights=weights, scales=scales, norms=[f.keywords["weight"] for f in norms], eps=first["eps"], width=first["width"],
-                qk_norms=[f.keywords["weight"] for f in qk], qk_eps=qk_first["eps"], qk_width=qk_first["width"])
+    return dict(weights=weights, scales=scales, norms=[f.keywords["weight"] for f in norms], eps=first["eps"],
+                width=first["width"], qk_norms=[f.keywords["weight"] for f in qk], qk_eps=qk_first["eps"],
+                qk_width=qk_first["width"])
