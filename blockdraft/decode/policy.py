@@ -173,10 +173,10 @@ class AdaptiveWidth:
         return best
 
     def _may_pay(self, gain: torch.Tensor) -> bool:
-        """Whether some drafted width beats a plain step at the priors' acceptance (asked during the opening, when
-        the gains are still the priors'): where even that cannot pay, as for a step as cheap as an int4 target's on
-        a CPU, the opening's wide steps would lose on most requests, and the budgeted re-tries alone look for a
-        draft that pays."""
+        """Whether some drafted width beats a plain step at the acceptance known so far (asked during the opening:
+        at the first step that is the priors'). Where even the priors cannot pay, as for a step as cheap as an int4
+        target's on a CPU, the opening's wide steps would lose on most requests, and the budgeted re-tries alone
+        look for a draft that pays."""
         plain = self.rate(1, gain)
         return any(self.rate(w, gain) > plain * self.margin for w in self.widths if w > 1)
 
