@@ -96,13 +96,10 @@ class PackedConcat:
         otherwise than a row among several (`single_row_differs`)."""
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, D], contiguous as oneDNN needs
         if flat.shape[0] == 1 and single_row_differs(self.packed, self.bias):
-            out = self._kernel(flat.expand(2, -1).contiguous())[:1]
+            out = _packed_product(flat.expand(2, -1).contiguous(), self.packed, self.bias)[:1]
         else:
-            out = self._kernel(flat)
+            out = _packed_product(flat, self.packed, self.bias)
         return out.view(*x.shape[:-1], -1)
-
-    def _kernel(self, flat: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         first = self.weights[0]
@@ -124,14 +121,15 @@ def single_row_differs(packed: torch.Tensor, bias: torch.Tensor | None) -> bool:
     if key not in _SINGLE_ROW_DIFFERS:
         x = torch.randn(CHECK_ROWS, packed.shape[1], generator=torch.Generator().manual_seed(0)).mul_(0.05)
         x = x.to(packed.dtype)  # [CHECK_ROWS, D]
-
-        def kernel(rows: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
-
-        together = kernel(x)
-        _SINGLE_ROW_DIFFERS[key] = any(not torch.equal(kernel(x[r : r + 1])[0], together[r])
+        together = _packed_product(x, packed, bias)
+        _SINGLE_ROW_DIFFERS[key] = any(not torch.equal(_packed_product(x[r : r + 1], packed, bias)[0], together[r])
                                        for r in range(CHECK_ROWS))
     return _SINGLE_ROW_DIFFERS[key]
+
+
+def _packed_product(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """rows [M, D] contiguous -> [M, N]: oneDNN's product over a packed weight."""
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
 CHECK_ROWS = 32  # a kernel that sums in another order rounds about 1 row in 10 apart: 32 rows miss it 1 time in 30
