@@ -28,14 +28,16 @@ from time import monotonic
 class Log:
     """Stdout and the log file at once; `run` streams a subprocess's output into both."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, echo: bool = True) -> None:
         self.file = open(path, "a", encoding="utf-8", buffering=1)
         self.started = monotonic()
         self.encoding = "utf-8"
+        self.echo = echo  # False: the file only (a command run beside the main one)
 
     def write(self, text: str) -> int:
-        sys.__stdout__.write(text)
-        sys.__stdout__.flush()
+        if self.echo:
+            sys.__stdout__.write(text)
+            sys.__stdout__.flush()
         self.file.write(text)
         return len(text)
 
@@ -87,6 +89,34 @@ class Log:
                     last_json.append(json.loads(text))
                 except json.JSONDecodeError:
                     pass
+
+
+class Beside:
+    """A command run in a thread beside the main stage's (the second geometry's training or eval), its output in a
+    log file of its own; `join` gives its Ran, or None if it has not ended."""
+
+    def __init__(self, command: list[str], path: Path, timeout: float) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.log, self.ran = Log(path, echo=False), None
+        self.thread = threading.Thread(target=self._run, args=(command, timeout), daemon=True)
+        self.thread.start()
+
+    def _run(self, command: list[str], timeout: float) -> None:
+        self.ran = self.log.run(command, timeout)
+
+    def join(self, timeout: float) -> Ran | None:
+        self.thread.join(max(0.0, timeout))
+        return self.ran
+
+
+@dataclass(frozen=True)
+class Geometry:
+    layers: int
+    block_size: int
+    layer_ids: tuple[int, ...]
+
+    def name(self) -> str:
+        return f"{self.layers} layers, K {self.block_size}, taps {list(self.layer_ids)}"
 
 
 @dataclass
@@ -182,24 +212,52 @@ def _count(folder: Path) -> int:
     return len(read_examples(folder)) if any(folder.glob("data-*")) else 0
 
 
-def train_command(args, data_dirs: list[Path]) -> list[str]:
-    geometry = ["--layers", str(args.layers), "--block-size", str(args.block_size),
-                "--target-layer-ids", ",".join(str(i) for i in args.target_layer_ids)]
+def train_command(args, data_dirs: list[Path], geometry: Geometry, run_dir: Path, draft_dir: Path) -> list[str]:
+    options = ["--layers", str(geometry.layers), "--block-size", str(geometry.block_size),
+               "--target-layer-ids", ",".join(str(i) for i in geometry.layer_ids)]
     if args.gamma is not None:
-        geometry += ["--gamma", str(args.gamma)]
+        options += ["--gamma", str(args.gamma)]
     data = [a for folder in data_dirs for a in ("--data", str(folder))]
-    return cli("train", *data, "--out", str(args.work / "train"),
-               "--draft-out", str(args.out / "draft"), *geometry, "--batch-size", str(args.batch_size),
-               "--micro-batch-size", str(args.micro_batch_size), "--epochs", str(args.epochs),
-               "--time-budget", str(args.train_seconds), "--save-draft-every-seconds", str(args.draft_every),
-               "--device", args.device, *threads(args), *shlex.split(args.train_extra))
+    return cli("train", *data, "--out", str(run_dir), "--draft-out", str(draft_dir), *options,
+               "--batch-size", str(args.batch_size), "--micro-batch-size", str(args.micro_batch_size),
+               "--epochs", str(args.epochs), "--time-budget", str(args.train_seconds),
+               "--save-draft-every-seconds", str(args.draft_every), "--device", args.device, *threads(args),
+               *shlex.split(args.train_extra))
 
 
-def eval_command(args) -> list[str]:
+def eval_command(args, draft_dir: Path) -> list[str]:
     prompts = ",".join(str(prompt_file(args, name)) for name in args.eval_sets.split(","))
-    return cli("eval", "--draft", str(args.out / "draft"), "--prompts", prompts, "--limit", str(args.eval_limit),
+    return cli("eval", "--draft", str(draft_dir), "--prompts", prompts, "--limit", str(args.eval_limit),
                "--max-new-tokens", str(args.eval_max_new_tokens), "--batch-size", str(args.eval_batch_size),
-               "--device", args.device, *threads(args))
+               "--block-size", str(args.eval_block_size), "--device", args.device, *threads(args))
+
+
+def mean_tau(record: dict | None) -> float | None:
+    """The mean over an eval's prompt sets of their mean tau (each set counts once), from its JSON record."""
+    results = (record or {}).get("results") or {}
+    taus = [r["mean_tau"] for r in results.values() if isinstance(r, dict) and "mean_tau" in r]
+    return sum(taus) / len(taus) if taus else None
+
+
+def pack_data(folder: Path, path: Path, limit: int) -> dict:
+    """The data folder as one tar file (a call returns files, not folders): its metadata and as many whole
+    shards, in order, as keep the file under `limit` bytes."""
+    import tarfile
+
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    shards = [p for p in files if p.name.startswith("data-")]
+    chosen = [p for p in files if p not in shards]
+    size = sum(p.stat().st_size for p in chosen) + 1024 * (len(files) + 20)  # headers and the end blocks
+    for shard in shards:
+        if size + shard.stat().st_size + 1024 > limit:
+            break
+        chosen.append(shard)
+        size += shard.stat().st_size + 1024
+    with tarfile.open(path, "w") as tar:
+        for file in chosen:
+            tar.add(file, arcname=f"{folder.name}/{file.name}")
+    kept = [p.name for p in chosen if p in shards]
+    return {"file": path.name, "bytes": path.stat().st_size, "shards": len(kept), "of_shards": len(shards)}
 
 
 def bench_command(args, batch_size: int, prompts: int) -> list[str]:

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import Refused, check_greedy, check_sha256, draft_files, install_wheels, join_parts  # noqa: E402
 from gpu_prep import REPO, gpu_folders, print_plan, split_target, write_prompts, write_reference  # noqa: E402
-from gpu_stages import (Log, Summary, bench_command, eval_command, generate_data, recover_draft,  # noqa: E402
-                        returned_files, train_command, train_metrics)
+from gpu_stages import (Beside, Geometry, Log, Summary, bench_command, eval_command, generate_data,  # noqa: E402
+                        mean_tau, pack_data, recover_draft, returned_files, train_command, train_metrics)
 
 RETURN_LIMIT = 8  # files a device call brings back from $OUT
 SETUP_SECONDS = 60  # join, sha256, wheel, the GGUF's conversion, the greedy check: under a minute on the GPU machine
@@ -105,6 +105,13 @@ def add_run_arguments(run) -> None:
     draft.add_argument("--micro-batch-size", type=int, default=8)
     draft.add_argument("--epochs", type=int, default=6)
     draft.add_argument("--train-extra", default="", help="more `blockdraft train` options, e.g. '--proposal-vocab'")
+    rival = run.add_argument_group("a second geometry, trained beside the first on the same data and clock")
+    rival.add_argument("--second-layers", type=int, default=2, help="its draft layers; 0: train one draft only")
+    rival.add_argument("--second-target-layer-ids", type=_ids, default=None, help="default: --target-layer-ids")
+    rival.add_argument("--second-block-size", type=int, default=None, help="default: --block-size")
+    rival.add_argument("--second-margin", type=float, default=0.5,
+                       help="the second draft is returned instead of the first when its eval tau is at most this "
+                            "much below the first's: what the first's extra layers cost a CPU step in tokens")
     data = run.add_argument_group("data")
     data.add_argument("--data-batch-size", type=int, default=512)
     data.add_argument("--data-slice", type=int, default=512, help="prompts added per `blockdraft data` call")
@@ -116,6 +123,7 @@ def add_run_arguments(run) -> None:
     measure.add_argument("--eval-limit", type=int, default=8, help="prompts per set")
     measure.add_argument("--eval-max-new-tokens", type=int, default=128)
     measure.add_argument("--eval-batch-size", type=int, default=8)
+    measure.add_argument("--eval-block-size", type=int, default=8, help="K served in eval (a CPU serves 8)")
     measure.add_argument("--bench-set", default="humaneval")
     measure.add_argument("--bench-methods", default="ours-baseline,hf-generate,blockdraft-lookup",
                          help="blockdraft-lookup is the default mode")
@@ -202,7 +210,7 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
     summary.set(setup={"gguf_sha256": sha256, "wheels": wheels, "seconds": round(monotonic() - started, 1)})
     # 2. Checks: the target decodes the reference; the draft's geometry fits the target and the return limit.
     summary.set(check=check(args, log, sha256))
-    # 3. Data: regenerated here, and the carried folder.
+    # 3. Data: regenerated here, and the carried folder; the regenerated folder comes back too where room is left.
     data_dirs, data = [], {}
     later = args.train_seconds + args.train_grace + args.eval_seconds + args.bench_seconds
     budget = min(args.data_seconds, left() - later)
@@ -210,29 +218,60 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
         data = generate_data(args, log, budget)
         data_dirs += [Path(data["folder"])] if data["examples"] else []
         free_gpu_memory()  # the generation's cached KV memory would be held away from training
+        if data["examples"] and args.data_returned:
+            data["returned"] = pack_data(Path(data["folder"]), args.out / "data.tar", limit=16 * 2**20 - 4096)
     if args.data_in is not None:
         data_dirs.append(args.data_in)
         data["carried"] = str(args.data_in)
     summary.set(data=data)
     if not data_dirs:
         raise RuntimeError("no training data: generation gave no examples and no --data-in was carried")
-    # 4. Train, with a time budget that leaves eval and bench their time.
+    # 4. Train, with a time budget that leaves eval and bench their time; the second geometry beside the first,
+    # on the same data and clock (one GPU: each costs the other some speed, equally).
     seconds = min(args.train_seconds, left() - args.train_grace - args.eval_seconds - args.bench_seconds)
     args.train_seconds = max(seconds, 1.0)
-    ran = log.run(train_command(args, data_dirs), timeout=min(args.train_seconds + args.train_grace, left()))
+    timeout = min(args.train_seconds + args.train_grace, left())
+    first, second = geometries(args)
+    second_dir = args.work / "second"
+    beside = None
+    if second is not None:
+        beside = Beside(train_command(args, data_dirs, second, second_dir / "train", second_dir / "draft"),
+                        second_dir / "train.log", timeout)
+        log.line(f"training the second geometry ({second.name()}) beside the first; its log: {second_dir}/train.log")
+    ran = log.run(train_command(args, data_dirs, first, args.work / "train", args.out / "draft"), timeout=timeout)
     recover_draft(args.out / "draft")
     records = train_metrics(args.work / "train")
-    summary.set(train={**ran.as_dict(), "time_budget": args.train_seconds, "final_draft": ran.rc == 0,
-                       "steps": max((r["step"] for r in records), default=0), "metrics": records})
+    summary.set(train={**ran.as_dict(), "geometry": first.name(), "time_budget": args.train_seconds,
+                       "final_draft": ran.rc == 0, "steps": max((r["step"] for r in records), default=0),
+                       "metrics": records})
+    if beside is not None:
+        ran_second = beside.join(timeout=left() - args.eval_seconds - args.bench_seconds)
+        recover_draft(second_dir / "draft")
+        records = train_metrics(second_dir / "train")
+        summary.set(second={"geometry": second.name(), **(ran_second.as_dict() if ran_second else {"rc": None}),
+                            "final_draft": bool(ran_second and ran_second.rc == 0),
+                            "steps": max((r["step"] for r in records), default=0), "metrics": records,
+                            "log_tail": tail(second_dir / "train.log")})
     if not (args.out / "draft" / "config.json").is_file():
         return
-    # 5. Eval: online tau with the real decode loop.
+    # 5. Eval: online tau with the real decode loop, both drafts at once; the second is returned instead of the
+    # first when its tau is within --second-margin of the first's (it costs a CPU step less).
     timeout = min(args.eval_seconds, left() - args.bench_seconds)
     if timeout < 5:
         summary.set(eval={"skipped": "no time left"})
-    else:
-        ran = log.run(eval_command(args), timeout=timeout)
-        summary.set(eval={**ran.as_dict(), "results": (ran.record or {}).get("results")})
+        return
+    has_second = (second_dir / "draft" / "config.json").is_file()
+    beside = Beside(eval_command(args, second_dir / "draft"), second_dir / "eval.log", timeout) if has_second else None
+    ran = log.run(eval_command(args, args.out / "draft"), timeout=timeout)
+    results = {"first": {**ran.as_dict(), "mean_tau": mean_tau(ran.record),
+                         "results": (ran.record or {}).get("results")}}
+    if beside is not None:
+        ran_second = beside.join(timeout=max(5.0, timeout + 15 - ran.seconds))
+        record = ran_second.record if ran_second else None
+        results["second"] = {**(ran_second.as_dict() if ran_second else {"rc": None}), "mean_tau": mean_tau(record),
+                             "results": (record or {}).get("results"), "log_tail": tail(second_dir / "eval.log")}
+        results["returned"] = choose(args, results, second_dir / "draft", log)
+    summary.set(eval=results)
     # 6. Bench: the target alone, HF generate and the default mode, at each batch size.
     benches = []
     for batch_size, prompts in args.bench_runs:
@@ -243,6 +282,31 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
             ran = log.run(bench_command(args, batch_size, prompts), timeout=timeout)
             benches.append({"batch_size": batch_size, **ran.as_dict(), "result": ran.record})
         summary.set(bench=benches)
+
+
+def geometries(args) -> tuple[Geometry, Geometry | None]:
+    first = Geometry(args.layers, args.block_size, tuple(args.target_layer_ids))
+    if not args.second_layers:
+        return first, None
+    return first, Geometry(args.second_layers, args.second_block_size or args.block_size,
+                           tuple(args.second_target_layer_ids or args.target_layer_ids))
+
+
+def choose(args, results: dict, second_draft: Path, log: Log) -> str:
+    """'second' (and its draft moved into --out) when its eval tau is within --second-margin of the first's;
+    'first' otherwise, or when either eval gave no tau."""
+    tau_first, tau_second = results["first"]["mean_tau"], results["second"]["mean_tau"]
+    if tau_first is None or tau_second is None or tau_second < tau_first - args.second_margin:
+        log.line(f"returned: the first draft (tau {tau_first} against the second's {tau_second})")
+        return "first"
+    shutil.rmtree(args.out / "draft")
+    shutil.copytree(second_draft, args.out / "draft")
+    log.line(f"returned: the second draft (tau {tau_second}, within {args.second_margin} of the first's {tau_first})")
+    return "second"
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
 
 def check(args, log: Log, sha256: str) -> dict:
@@ -260,15 +324,21 @@ def check(args, log: Log, sha256: str) -> dict:
     notes = check_greedy(target, reference)
     log.line(f"check: greedy tokens of {len(reference['prompts'])} prompts agree with the CPU float32 reference"
              + "".join(f"; {note}" for note in notes))
-    files = draft_files(target, args.layers, args.block_size, args.target_layer_ids, args.work / "probe")
+    counts = {}
+    for geometry in filter(None, geometries(args)):
+        files = draft_files(target, geometry.layers, geometry.block_size, geometry.layer_ids, args.work / "probe")
+        if len(files) + 2 > RETURN_LIMIT:
+            raise Refused(f"a draft of {geometry.layers} layers is {len(files)} files ({', '.join(files)}); with "
+                          f"run.log and summary.json that is over the {RETURN_LIMIT} files a call returns; use fewer "
+                          "layers")
+        counts[geometry.name()] = files
     device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
     del target
     free_gpu_memory()
-    if len(files) + 2 > RETURN_LIMIT:
-        raise Refused(f"a draft of {args.layers} layers is {len(files)} files ({', '.join(files)}); with run.log and "
-                      f"summary.json that is over the {RETURN_LIMIT} files a call returns; use fewer --layers")
-    return {"greedy": "agrees", "near_ties": notes, "draft_files": files, "device": device,
-            "seconds": round(monotonic() - started, 1)}
+    # data.tar is the file left over, if one is
+    args.data_returned = max(len(files) for files in counts.values()) + 3 <= RETURN_LIMIT
+    return {"greedy": "agrees", "near_ties": notes, "draft_files": counts, "device": device,
+            "data_returned": args.data_returned, "seconds": round(monotonic() - started, 1)}
 
 
 def free_gpu_memory() -> None:

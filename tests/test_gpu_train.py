@@ -233,15 +233,22 @@ def test_dry_run_on_cpu_returns_a_draft_that_loads_with_eval_and_bench(tmp_path)
     from blockdraft.api import load_draft
     from blockdraft.io.targets import load_target
 
-    done = dry_run(tmp_path)
+    # A second geometry beside the first; a margin it always meets returns its draft instead.
+    done = dry_run(tmp_path, "--second-layers", "1", "--second-target-layer-ids", "1,14", "--second-margin", "100")
     assert done.returncode == 0, done.stdout[-4000:]
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
+    second = summary["second"]
+    assert second["rc"] == 0 and second["steps"] > 0 and second["geometry"] == "1 layers, K 16, taps [1, 14]"
+    evals = summary["eval"]
+    assert evals["returned"] == "second" and evals["second"]["mean_tau"] >= 1 and evals["first"]["mean_tau"] >= 1
+    returned = summary["data"]["returned"]
+    assert returned["shards"] == returned["of_shards"] > 0 and (out / "data.tar").is_file()
     assert summary["status"] == "done" and summary["draft"] == {**summary["draft"], "returned": True, "final": True}
     assert summary["check"]["greedy"] == "agrees" and summary["data"]["examples"] > 0
     train = summary["train"]
     assert train["rc"] == 0 and 0 < train["steps"] < 100 * 2, "the time budget, not the epochs, ends training"
-    assert summary["eval"]["rc"] == 0 and all(r["mean_tau"] >= 1 for r in summary["eval"]["results"].values())
+    assert evals["first"]["rc"] == 0 and all(r["mean_tau"] >= 1 for r in evals["first"]["results"].values())
     assert [b["batch_size"] for b in summary["bench"]] == [1, 2] and all(b["rc"] == 0 for b in summary["bench"])
     methods = summary["bench"][1]["result"]["methods"]
     assert set(methods) == {"ours-baseline", "hf-generate", "blockdraft-lookup"}
@@ -251,7 +258,7 @@ def test_dry_run_on_cpu_returns_a_draft_that_loads_with_eval_and_bench(tmp_path)
     assert {"run.log", "summary.json"} <= {f["path"] for f in files}
     assert "check: greedy tokens of 4 prompts agree" in (out / "run.log").read_text()
     draft = load_draft(out / "draft", load_target(dtype="float32"))
-    assert draft.config.num_hidden_layers == 1 and draft.config.target_layer_ids == (14,)
+    assert draft.config.num_hidden_layers == 1 and draft.config.target_layer_ids == (1, 14)
 
 
 @pytest.mark.slow
