@@ -83,8 +83,9 @@ def add_run_arguments(run) -> None:
     paths.add_argument("--site", type=Path, default=Path("/tmp/site"), help="where the wheels are installed")
     paths.add_argument("--no-install", action="store_true", help="gguf is installed already (a CPU dry run)")
     paths.add_argument("--prompts-dir", type=Path, default=Path(".gpudata/prompts"), help="`prep`'s extracts")
-    paths.add_argument("--data-in", type=Path, default=None,
-                       help="a carried `blockdraft data` folder trained on too (default: .gpudata/data if present)")
+    paths.add_argument("--data-in", type=Path, action="append", default=None,
+                       help="a carried `blockdraft data` folder trained on too, once per folder (default: "
+                            ".gpudata/data if present)")
     paths.add_argument("--reference", type=Path, default=Path("scripts/gpu_reference.json"))
     budget = run.add_argument_group("time (seconds)")
     budget.add_argument("--data-seconds", type=float, default=90, help="0: train on --data-in only")
@@ -174,7 +175,7 @@ def run_window(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.data_in is None and (REPO / ".gpudata" / "data").is_dir():
-        args.data_in = REPO / ".gpudata" / "data"
+        args.data_in = [REPO / ".gpudata" / "data"]
     log = Log(args.out / "run.log")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     summary = Summary(args.out / "summary.json", settings=settings, deadline_seconds=window_seconds(args))
@@ -220,9 +221,9 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
         free_gpu_memory()  # the generation's cached KV memory would be held away from training
         if data["examples"] and args.data_returned:
             data["returned"] = pack_data(Path(data["folder"]), args.out / "data.tar", limit=16 * 2**20 - 4096)
-    if args.data_in is not None:
-        data_dirs.append(args.data_in)
-        data["carried"] = str(args.data_in)
+    if args.data_in:
+        data_dirs += args.data_in
+        data["carried"] = [str(folder) for folder in args.data_in]
     summary.set(data=data)
     if not data_dirs:
         raise RuntimeError("no training data: generation gave no examples and no --data-in was carried")

@@ -88,6 +88,25 @@ def test_held_out_binary_shards_are_found(tmp_path):
     assert (train, held) == ([0, 1], [2]) and examples[2].id == "c", "val/ shards are the held-out set"
 
 
+def test_a_prompt_in_two_folders_is_trained_once_and_never_held_out_while_trained(tmp_path):
+    first, second = tmp_path / "cpu", tmp_path / "gpu"
+    first.mkdir(), second.mkdir()
+    write(first / "data-00000.safetensors", EXAMPLES)
+    # "a" again (same prompt, another response), and an id that repeats "c" over another prompt (magpie numbers
+    # its prompts per folder): the first is a repeat, the second is not.
+    again = [Example("a", [1, 7, 3, 3, 3], [0, 0, 1, 1, 1]), Example("c", [6, 2], [0, 1])]
+    write(second / "data-00000.safetensors", again)
+    (second / "val").mkdir()
+    write(second / "val" / "data-00000.safetensors", [Example("v", [1, 40, 9, 9], [0, 1, 1, 1])])
+    notes = []
+    examples, train, held = load_split([first, second], 0.5, seed=0, notes=notes)
+    assert [e.input_ids for e in examples] == [[1, 7, 8, 9], [1, 40, 41, 42, 2], [5, 2], [6, 2]]
+    assert (train, held) == ([0, 1, 2, 3], []), "the held-out prompt [1, 40] is trained on already"
+    assert notes == ["2 examples repeat the prompt of an earlier one (the same prompt in two data folders, or twice "
+                     "in one) and were left out; each prompt is trained on once"]
+    assert load_split(first, 0.5, seed=0, notes=(none := []))[0] and none == [], "no repeats, no note"
+
+
 def test_a_shard_of_another_schema_is_refused_naming_the_file(tmp_path):
     path = write(tmp_path / "data-00000.safetensors")
     arrays = load(path.read_bytes())

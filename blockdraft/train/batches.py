@@ -47,18 +47,21 @@ def split_heldout(count: int, fraction: float, seed: int) -> tuple[list[int], li
 
 
 def load_split(data_dirs: str | Path | Sequence[str | Path], val_fraction: float,
-               seed: int, tokenizer=None) -> tuple[list[Example], list[int], list[int]]:
+               seed: int, tokenizer=None, notes: list[str] | None = None) -> tuple[list[Example], list[int], list[int]]:
     """All examples of one or more data folders (in the order given), with the train and held-out index lists.
 
-    The held-out set is the `val/` shards of the folders that have them; when none has, a seeded random
+    An example whose prompt an earlier one has (the same prompt regenerated into two folders) is dropped, so it
+    is neither trained twice an epoch nor held out while trained on; `notes` gets a line saying how many. The
+    held-out set is the `val/` shards of the folders that have them; when none has, a seeded random
     `val_fraction` of all examples (`split_heldout`). With the target's `tokenizer`, shards built with another
     tokenizer are refused (`read_examples`).
     """
     folders = [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(f) for f in data_dirs]
-    examples = [e for folder in folders for e in read_examples(folder, tokenizer)]
+    seen, repeats = set(), []
+    examples = first_of_each_prompt([e for folder in folders for e in read_examples(folder, tokenizer)], seen, repeats)
     val_folders = [f / "val" for f in folders if f.is_dir() and (f / "val").is_dir() and shard_files(f / "val")]
     if val_folders:
-        held = [e for folder in val_folders for e in read_examples(folder, tokenizer)]
+        held = first_of_each_prompt([e for folder in val_folders for e in read_examples(folder, tokenizer)], seen, repeats)
         train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
         examples = examples + held
     else:
@@ -66,7 +69,27 @@ def load_split(data_dirs: str | Path | Sequence[str | Path], val_fraction: float
     if not train_indices:
         where = ", ".join(str(f) for f in folders)
         raise InputError(f"{where} holds no training examples; build data with `blockdraft data`")
+    if repeats and notes is not None:
+        notes.append(f"{len(repeats)} examples repeat the prompt of an earlier one (the same prompt in two data "
+                     "folders, or twice in one) and were left out; each prompt is trained on once")
     return examples, train_indices, val_indices
+
+
+def first_of_each_prompt(examples: list[Example], seen: set[bytes], repeats: list[str]) -> list[Example]:
+    """The examples whose prompt (the token ids before the first supervised one) neither `seen` nor an earlier
+    example holds, in order; `seen` gets their prompts and `repeats` the ids of those left out. Prompts, not ids:
+    ids such as `magpie:17` count within their own folder only."""
+    kept = []
+    for example in examples:
+        mask = bytes(example.loss_mask)
+        start = mask.find(1) if 1 in mask else len(mask)
+        prompt = array("q", example.input_ids[:start]).tobytes()
+        if prompt in seen:
+            repeats.append(example.id)
+        else:
+            seen.add(prompt)
+            kept.append(example)
+    return kept
 
 
 def data_fingerprint(examples: list[Example]) -> str:

@@ -140,10 +140,12 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
 def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, MetricsLog | None]:
     """Refuse bad inputs, build the draft and optimizer, and restore a checkpoint: all before any step."""
     freeze_target(target)
+    repeats: list[str] = []
     examples, train_indices, val_indices = load_split(cfg.data_dirs, cfg.val_fraction, cfg.seed,
-                                                          tokenizer=target.tokenizer)
+                                                      tokenizer=target.tokenizer, notes=repeats)
     draft_cfg, draft = _build_draft(target, cfg)
-    notes = [check_data(examples, draft_cfg, cfg.data_names, cfg.max_seq_len), *data_notes(cfg.data_dirs, target.name)]
+    notes = [check_data(examples, draft_cfg, cfg.data_names, cfg.max_seq_len), *data_notes(cfg.data_dirs, target.name),
+             *repeats]
     for note in notes if ranks.rank == 0 else []:
         if note:
             print(f"note: {note}")
