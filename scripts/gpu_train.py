@@ -93,8 +93,8 @@ def add_run_arguments(run) -> None:
     budget.add_argument("--train-grace", type=float, default=45,
                         help="beyond --train-seconds for start-up, held-out metrics and the final checkpoint")
     budget.add_argument("--draft-every", type=float, default=60, help="seconds between drafts written while training")
-    budget.add_argument("--eval-seconds", type=float, default=40)
-    budget.add_argument("--bench-seconds", type=float, default=80, help="shared evenly by the --bench-runs")
+    budget.add_argument("--eval-seconds", type=float, default=50)
+    budget.add_argument("--bench-seconds", type=float, default=110, help="shared evenly by the --bench-runs")
     budget.add_argument("--deadline", type=float, default=None,
                         help=f"the whole job; default: {SETUP_SECONDS} s of setup plus the budgets above")
     draft = run.add_argument_group("draft and training")
