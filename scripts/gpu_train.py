@@ -128,7 +128,7 @@ def add_run_arguments(run) -> None:
     measure.add_argument("--bench-set", default="humaneval")
     measure.add_argument("--bench-methods", default="ours-baseline,hf-generate,blockdraft-lookup",
                          help="blockdraft-lookup is the default mode")
-    measure.add_argument("--bench-runs", type=_runs, default=((1, 4), (8, 8)), help="BATCH:PROMPTS,...")
+    measure.add_argument("--bench-runs", type=_runs, default=((1, 2), (8, 8)), help="BATCH:PROMPTS,...")
     measure.add_argument("--bench-max-new-tokens", type=int, default=128)
     run.add_argument("--device", default="cuda")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads of every stage")
