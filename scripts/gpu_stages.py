@@ -184,7 +184,7 @@ def generate_data(args, log: Log, budget: float) -> dict:
         try:
             rc = blockdraft(["data", "--out", str(folder), "--sets", ",".join(sets), "--count", str(count),
                              "--batch-size", str(args.data_batch_size), "--device", args.device,
-                             "--max-new-tokens", str(args.data_max_new_tokens), *threads(args),
+                             "--max-new-tokens", str(args.data_max_new_tokens), *threads(args), *skip_held(args),
                              *shlex.split(args.data_extra)])
         except Exception as failure:  # a CUDA out-of-memory, say: the shards so far are whole
             log.write(traceback.format_exc())
@@ -204,6 +204,11 @@ def generate_data(args, log: Log, budget: float) -> dict:
     examples = _count(folder)
     return {"folder": str(folder), "examples": examples, "slices": slices, "seconds": round(monotonic() - started, 1),
             **({"error": error} if error else {})}
+
+
+def skip_held(args) -> list[str]:
+    """The carried data folders' prompts are not regenerated: the window adds only prompts they lack."""
+    return ["--skip-held", ",".join(str(folder) for folder in args.data_in)] if args.data_in else []
 
 
 def _count(folder: Path) -> int:

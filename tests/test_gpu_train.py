@@ -120,10 +120,11 @@ def test_data_slices_stop_before_the_next_would_pass_the_budget(tmp_path, monkey
     import blockdraft.cli
     import blockdraft.train.data
 
-    clock, calls, written, available, failing = [0.0], [], [0], 40, None
+    clock, calls, skips, written, available, failing = [0.0], [], [], [0], 40, None
 
     def fake_data(argv):  # each slice takes 10 s and regenerates its prompts (all of them, once the rest run out)
         calls.append(int(argv[argv.index("--count") + 1]))
+        skips.append(argv[argv.index("--skip-held") + 1] if "--skip-held" in argv else None)
         clock[0] += 10
         if calls[-1] == failing:
             raise RuntimeError("CUDA out of memory")
@@ -139,9 +140,10 @@ def test_data_slices_stop_before_the_next_would_pass_the_budget(tmp_path, monkey
     (tmp_path / "prompts" / "train" / "set.jsonl").write_text("")
     args = gpu_train.argparse.Namespace(work=tmp_path, prompts_dir=tmp_path / "prompts", data_slice=8,
                                         data_batch_size=8, data_max_new_tokens=16, device="cpu", threads=None,
-                                        no_magpie=False, data_extra="")
+                                        no_magpie=False, data_extra="", data_in=[tmp_path / "a", tmp_path / "b"])
     data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=35)
     assert calls == [8, 16, 24], "after 30 s a fourth 10-s slice would end past 35 s"
+    assert skips == [f"{tmp_path / 'a'},{tmp_path / 'b'}"] * 3, "the carried folders' prompts are not regenerated"
     assert data["examples"] == 24
     calls.clear()
     data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=1000)

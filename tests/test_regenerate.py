@@ -69,6 +69,20 @@ def test_resume_keeps_written_shards_and_adds_only_new_prompts(target, tmp_path,
     assert sorted(e.id for e in read_examples(fresh)) == sorted(e.id for e in examples), "same prompts as one run"
 
 
+def test_skip_held_draws_only_prompts_another_folder_lacks(target, tmp_path):
+    build(target, tmp_path / "a", count=5)
+    held = {tuple(e.input_ids[: e.loss_mask.index(1)]) for e in read_examples(tmp_path / "a")}
+    meta = build(target, tmp_path / "b", count=5, seed=2, skip_held=[tmp_path / "a"])
+    fresh = read_examples(tmp_path / "b")
+    assert len(fresh) == meta["examples"] == 5, "held prompts do not count toward --count"
+    assert not held & {tuple(e.input_ids[: e.loss_mask.index(1)]) for e in fresh}
+    assert meta["skipped"]["held_elsewhere"] > 0
+    unfiltered = build(target, tmp_path / "c", count=5, seed=2)
+    assert unfiltered["skipped"]["held_elsewhere"] == 0
+    with pytest.raises(InputError, match="names the --out folder"):
+        build(target, tmp_path / "a", count=6, skip_held=[tmp_path / "a"])
+
+
 def test_resume_with_other_settings_is_refused(target, tmp_path):
     build(target, tmp_path, count=2)
     with pytest.raises(InputError, match="max_new_tokens.*new --out"):

@@ -28,6 +28,8 @@ def add_arguments(parser) -> None:
                         help="seed of the prompt draw and of magpie prompts (the same seed resumes the same draw)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32")
+    parser.add_argument("--skip-held", default="",
+                        help="comma-separated data folders whose prompts are passed over (another folder's data)")
     add_compute_arguments(parser)
 
 
@@ -39,6 +41,6 @@ def run(args) -> int:
     meta = build_dataset(target, args.out, sets=[s for s in args.sets.split(",") if s], count=args.count,
                          max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed,
-                         magpie_fraction=args.magpie_fraction)
+                         magpie_fraction=args.magpie_fraction, skip_held=[f for f in args.skip_held.split(",") if f])
     print(json.dumps({key: value for key, value in meta.items() if key != "empty_response_ids"}))
     return 0

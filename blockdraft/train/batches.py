@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from .data import Example, read_examples, shard_files
+from .data import Example, example_prompt_key, read_examples, shard_files
 from .objective import Blocks, block_targets, sample_anchors
 
 
@@ -81,9 +81,7 @@ def first_of_each_prompt(examples: list[Example], seen: set[bytes], repeats: lis
     ids such as `magpie:17` count within their own folder only."""
     kept = []
     for example in examples:
-        mask = bytes(example.loss_mask)
-        start = mask.find(1) if 1 in mask else len(mask)
-        prompt = array("q", example.input_ids[:start]).tobytes()
+        prompt = example_prompt_key(example)
         if prompt in seen:
             repeats.append(example.id)
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +31,30 @@ class Example:
     loss_mask: list[int]
 
 
-def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, seed: int, seen: set | None = None):
+def prompt_key(prompt_ids) -> bytes:
+    """What makes two examples the same prompt: its token ids (ids like `magpie:17` count within a folder only)."""
+    return array("q", prompt_ids).tobytes()
+
+
+def example_prompt_key(example) -> bytes:
+    """`prompt_key` of an example's prompt: its token ids before the first supervised one."""
+    mask = bytes(example.loss_mask)
+    return prompt_key(example.input_ids[: mask.find(1) if 1 in mask else len(mask)])
+
+
+def held_prompts(folders) -> set[bytes]:
+    """The prompts (`prompt_key`) of every example in these data folders."""
+    return {example_prompt_key(example) for folder in folders for example in read_examples(folder)}
+
+
+def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, seed: int, seen: set | None = None,
+                   held: set[bytes] = frozenset()):
     """Deduplicate, length-filter and sample prompts; returns (kept [(id, ids)], skipped counts).
 
-    `seen` (updated in place) holds the prompts already looked at, so that a second call drops their repeats.
+    `seen` (updated in place) holds the prompts already looked at, so that a second call drops their repeats;
+    prompts in `held` (`prompt_key`s: another folder has them) are passed over and do not count.
     """
-    skipped = {"duplicate": 0, "prompt_too_long": 0, "empty_prompt": 0}
+    skipped = {"duplicate": 0, "prompt_too_long": 0, "empty_prompt": 0, "held_elsewhere": 0}
     seen, kept = set() if seen is None else seen, []
     order = list(prompts)
     random.Random(seed).shuffle(order)
@@ -52,6 +71,8 @@ def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, se
             skipped["empty_prompt"] += 1
         elif len(ids) > max_prompt_tokens:
             skipped["prompt_too_long"] += 1
+        elif held and prompt_key(ids) in held:
+            skipped["held_elsewhere"] += 1
         else:
             kept.append((f"{prompt.set}:{prompt.id}", ids))
     return kept, skipped

@@ -19,18 +19,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..decode.decoder import Decoder
 from ..errors import InputError
 from ..prompts import training_prompts
-from .data import make_example, read_examples, select_prompts, shard_files, write_atomically, write_shard
+from .data import (held_prompts, make_example, read_examples, select_prompts, shard_files, write_atomically,
+                   write_shard)
 from .magpie import MAGPIE, MagpieSettings, magpie_prompts
 from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
 
 def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_tokens: int = 384,
                   max_new_tokens: int = 256, batch_size: int = 64, shard_size: int = 2048, seed: int = 0,
-                  magpie_fraction: float = 0.25, max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
+                  magpie_fraction: float = 0.25, max_shard_bytes: int = MAX_SHARD_BYTES, skip_held=()) -> dict:
     """Write data-*.safetensors shards and meta.json under `out`; returns the meta record.
 
     With `magpie` among `sets`, round(magpie_fraction * count) of the prompts are magpie prompts (all of them
-    when it is the only set) and the rest come from the other sets.
+    when it is the only set) and the rest come from the other sets. Prompts that the data folders `skip_held`
+    hold already are passed over and do not count (meta.json: skipped, held_elsewhere), so that a folder grown
+    beside another adds only prompts the other lacks.
     """
     for name, value in (("count", count), ("batch_size", batch_size), ("shard_size", shard_size),
                         ("max_prompt_tokens", max_prompt_tokens), ("max_new_tokens", max_new_tokens)):
@@ -45,6 +48,9 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
     magpie = None if MAGPIE not in sets else {"fraction": magpie_fraction if file_sets else 1.0,
                                               **asdict(MagpieSettings())}
     out = Path(out)
+    if any(Path(folder).resolve() == out.resolve() for folder in skip_held):
+        raise InputError(f"--skip-held names the --out folder {out}: every prompt it holds would be passed over; "
+                         "name other folders")
     out.mkdir(parents=True, exist_ok=True)
     settings = {"target": target.name, "sets": sets, "max_prompt_tokens": max_prompt_tokens,
                 "max_new_tokens": max_new_tokens, "seed": seed, "magpie": magpie}
@@ -59,9 +65,10 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
                                                             int(target.lm_head.weight.shape[0])))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[note]}"), TimeRemainingColumn()) as progress:
+        held = held_prompts(skip_held) if skip_held else frozenset()
         chosen, skipped, meta["magpie_prompts"] = _choose_prompts(target, out, file_sets, magpie, count, progress,
                                                                   max_prompt_tokens=max_prompt_tokens, seed=seed,
-                                                                  batch_size=batch_size)
+                                                                  batch_size=batch_size, held=held)
         skipped.update(empty_response=len(empty_ids))
         chosen = [item for item in chosen if item[0] not in done and item[0] not in empty_ids]
         chosen.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
@@ -112,7 +119,8 @@ class _ShardWriter:
 
 
 def _choose_prompts(target, out: Path, file_sets: list[str], magpie: dict | None, count: int, progress, *,
-                    max_prompt_tokens: int, seed: int, batch_size: int) -> tuple[list, dict, dict | None]:
+                    max_prompt_tokens: int, seed: int, batch_size: int,
+                    held: set[bytes] = frozenset()) -> tuple[list, dict, dict | None]:
     """(the prompts to regenerate [(id, ids)], skipped counts, the magpie record or None).
 
     The file sets give count minus the magpie share; magpie prompts that repeat one of theirs are dropped.
@@ -121,7 +129,7 @@ def _choose_prompts(target, out: Path, file_sets: list[str], magpie: dict | None
     seen: set[str] = set()
     chosen, skipped = select_prompts(training_prompts(tuple(file_sets)) if file_sets else [], target.tokenizer,
                                      count=count - magpie_count, max_prompt_tokens=max_prompt_tokens,
-                                     seed=seed, seen=seen)
+                                     seed=seed, seen=seen, held=held)
     if not magpie_count:
         return chosen, skipped, None
     settings = MagpieSettings(**{key: value for key, value in magpie.items() if key != "fraction"})
@@ -130,7 +138,7 @@ def _choose_prompts(target, out: Path, file_sets: list[str], magpie: dict | None
         target, out, magpie_count, seed=seed, batch_size=batch_size, settings=settings,
         on_batch=lambda tried, kept: progress.update(task, completed=min(kept, magpie_count), note=f"{tried} tried"))
     extra, more = select_prompts(prompts, target.tokenizer, count=magpie_count, max_prompt_tokens=max_prompt_tokens,
-                                 seed=seed, seen=seen)
+                                 seed=seed, seen=seen, held=held)
     return chosen + extra, {key: skipped[key] + more[key] for key in skipped}, record
 
 
