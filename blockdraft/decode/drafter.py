@@ -94,7 +94,7 @@ class Drafter:
         extra = self.active_ids[self.vocab.numel():]  # every extra id of the request, in active_ids' order
         head = self.target.lm_head
         bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
-        self.extra_head = head_linear(head.weight.detach()[extra], bias, pack=False)
+        self.extra_head = head_linear(self.target.head_rows(extra), bias, pack=False)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..model.q8 import read_q8_rows
 from ..model.target import Target
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
@@ -220,9 +221,12 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     quantized = q4_blocks(embedded_gguf_path(), model.config) if weights == "q4" else None
     if weights == "q4" and quantized is None:  # another quantization in the file: its projections after all
         model = load_embedded_model(Path(source), torch_dtype)
-    # An int4 target stays on the CPU, its projections still on the meta device until Target replaces them.
+    # An int4 target stays on the CPU, its projections still on the meta device until Target replaces them; its
+    # tied embedding and head come from the file's Q8_0 rows (model/q8.py) where the file stores them so.
+    embedding = read_q8_rows(embedded_gguf_path()) if quantized is not None else None
     return Target(model if quantized is not None else model.to(device), tokenizer,
-                  name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name, quantized=quantized)
+                  name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name, quantized=quantized,
+                  embedding=embedding)
 
 
 PROJECTIONS = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",

