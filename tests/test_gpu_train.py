@@ -300,3 +300,23 @@ def test_split_cuts_the_gguf_into_parts_that_join_back_with_its_sha256(tmp_path,
     assert (folders[-1] / "sha256").read_text().strip() == hashlib.sha256(joined).hexdigest()
     assert any("gguf==0.19.0" in part for part in fetched[0]), "the gguf wheel is fetched for the device"
     assert "/.gpu_1/" in (tmp_path / ".git" / "info" / "exclude").read_text(), "parts stay out of git"
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_dry_run_of_the_next_window_continues_the_shipped_draft_on_the_carried_data(tmp_path):
+    # docs/training.md §8.2, at budgets of seconds: no data stage, the repository's data folder, one draft.
+    from blockdraft.api import load_draft
+    from blockdraft.io.targets import load_target
+
+    done = dry_run(tmp_path, "--data-seconds", "0", "--data-in", "datasets/smollm2-135m-instruct/gpu-a",
+                   "--layers", "2", "--block-size", "8", "--target-layer-ids", "1,27", "--second-layers", "0",
+                   "--train-extra", "--init-from blockdraft/drafts/smollm2-135m-instruct --standardize-features "
+                   "--loss kd --kd-weight 0.5 --proposal-vocab --anchors 96 --lr 3e-4 --val-fraction 0.002 "
+                   "--max-seq-len 256")
+    assert done.returncode == 0, done.stdout[-4000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "done" and "second" not in summary and summary["train"]["steps"] > 0
+    assert summary["data"] == {"carried": ["datasets/smollm2-135m-instruct/gpu-a"]}, "no data stage ran"
+    draft = load_draft(tmp_path / "out" / "draft", load_target(dtype="float32"))
+    assert (draft.config.num_hidden_layers, draft.config.block_size, draft.config.target_layer_ids) == (2, 8, (1, 27))
