@@ -138,19 +138,28 @@ def test_an_int4_target_over_the_files_rows_decodes_the_same_tokens(int4_targets
 
 
 @needs_smollm2
-def test_rows_that_are_not_the_loaded_weights_bits_leave_the_weight_in_place(monkeypatch):
-    import blockdraft.io.targets as targets
+def test_rows_that_are_not_the_loaded_weights_bits_leave_the_weight_in_place():
+    from blockdraft.io import targets
+    from blockdraft.model.target import Target
 
     class Shifted(q8.Q8Rows):  # a file that is not the one the cached copy was converted from
         def rows(self, ids):
             return super().rows(ids) + 1
 
-    read = targets.read_q8_rows
-    monkeypatch.setattr(targets, "read_q8_rows", lambda path: Shifted(*_where(read(path))))
+    real = targets.read_q8_rows(targets.embedded_gguf_path())
+    model = targets.load_embedded_model(targets.embedded_target_folder(), torch.bfloat16, skip_projections=True)
+    quantized = targets.q4_blocks(targets.embedded_gguf_path(), model.config)
     with pytest.warns(UserWarning, match="not the loaded weight's bits"):
-        target = targets.load_target(weights="q4")
+        target = Target(model, quantized=quantized, embedding=Shifted(real.path, real.offset, *real.shape))
     assert not target.embed_tokens.weight.is_meta and target._rows is None
 
 
-def _where(rows: q8.Q8Rows) -> tuple:
-    return rows.path, rows.offset, *rows.shape
+@needs_smollm2
+def test_an_int4_target_never_reads_the_embedding_its_file_serves(monkeypatch):
+    from blockdraft.io import targets
+
+    read = []
+    load = targets.load_embedded_model
+    monkeypatch.setattr(targets, "load_embedded_model", lambda *a, **k: (read.append(k), load(*a, **k))[1])
+    target = targets.load_target(weights="q4")
+    assert read == [{"skip_projections": True, "skip_embedding": True}] and target._rows is not None

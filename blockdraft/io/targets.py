@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..model.q8 import read_q8_rows
+from ..model.q8 import read_q8_rows, rows_can_serve
 from ..model.target import Target
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
@@ -205,11 +205,15 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     parse_device(device)  # a missing GPU is named before minutes of loading
     torch_dtype = parse_dtype(weights_dtype(weights, dtype, name, device), device)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
+    embedding = None
     try:
         with _quiet_if_local(source):
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             if name in (None, EMBEDDED_TARGET):  # our own float32 copy: read a tensor at a time (a third the peak)
-                model = load_embedded_model(Path(source), torch_dtype, skip_projections=weights == "q4")
+                # At q4 the tied embedding comes from the GGUF's own rows where they can serve (model/q8.py).
+                embedding = read_q8_rows(embedded_gguf_path()) if weights == "q4" and rows_can_serve() else None
+                model = load_embedded_model(Path(source), torch_dtype, skip_projections=weights == "q4",
+                                            skip_embedding=embedding is not None)
             else:
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
                                                              trust_remote_code=trust_remote_code)
@@ -220,10 +224,8 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
         ) from error
     quantized = q4_blocks(embedded_gguf_path(), model.config) if weights == "q4" else None
     if weights == "q4" and quantized is None:  # another quantization in the file: its projections after all
-        model = load_embedded_model(Path(source), torch_dtype)
-    # An int4 target stays on the CPU, its projections still on the meta device until Target replaces them; its
-    # tied embedding and head come from the file's Q8_0 rows (model/q8.py) where the file stores them so.
-    embedding = read_q8_rows(embedded_gguf_path()) if quantized is not None else None
+        model, embedding = load_embedded_model(Path(source), torch_dtype), None
+    # An int4 target stays on the CPU, its projections (and embedding) on the meta device until Target replaces them.
     return Target(model if quantized is not None else model.to(device), tokenizer,
                   name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name, quantized=quantized,
                   embedding=embedding)
@@ -231,25 +233,29 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
 
 PROJECTIONS = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".self_attn.o_proj.",
                ".mlp.gate_proj.", ".mlp.up_proj.", ".mlp.down_proj.")
+EMBEDDING = (".model.embed_tokens.", ".lm_head.")
 
 
-def load_embedded_model(folder: Path, torch_dtype: torch.dtype, skip_projections: bool = False):
+def load_embedded_model(folder: Path, torch_dtype: torch.dtype, skip_projections: bool = False,
+                        skip_embedding: bool = False):
     """The embedded target's Hugging Face model from our float32 safetensors copy, one tensor at a time.
 
     `from_pretrained` held the whole float32 file and the bf16 model at once: 1.2 GB resident at its peak for a
     270 MB model, and 650 MB after. Here the model is built without memory (meta device) and each tensor is read,
     cast and assigned on its own. `skip_projections` leaves the seven linears of every layer unread, for int4
-    weights to replace them (model/q4.py): then they stay on the meta device until `Target` does."""
+    weights to replace them (model/q4.py): then they stay on the meta device until `Target` does; so does
+    `skip_embedding` with the tied embedding and head, for the GGUF's own rows (model/q8.py)."""
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    skipped = (PROJECTIONS if skip_projections else ()) + (EMBEDDING if skip_embedding else ())
     state = {}
     with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
         for key in weights.keys():
-            if not (skip_projections and any(part in key for part in PROJECTIONS)):
+            if not any(part in f".{key}" for part in skipped):
                 state[key] = weights.get_tensor(key).to(torch_dtype)  # float32 -> the dtype, freed at once
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in state:  # the copy keeps one of the two
         state.setdefault("model.embed_tokens.weight", state["lm_head.weight"])
@@ -259,7 +265,7 @@ def load_embedded_model(folder: Path, torch_dtype: torch.dtype, skip_projections
     # Buffers the checkpoint does not hold (RoPE's inverse frequencies) were made on the meta device: make them again.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-            if t.is_meta and not (skip_projections and any(part in f".{n}" for part in PROJECTIONS))]
+            if t.is_meta and not any(part in f".{n}" for part in skipped)]
     if left or unexpected:
         raise CheckpointError(f"the cached copy of the embedded target in {folder} does not fill the model: missing "
                               f"{left[:4]}, unexpected {list(unexpected)[:4]}; delete {folder} and run again")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError
-from .packed import PACK_ROWS, PackedConcat
+from .packed import PACK_ROWS, PackedConcat, packing_supported
 
 BLOCK = 32  # values per Q8_0 block
 BLOCK_BYTES = 2 + BLOCK  # float16 d, then 32 int8 codes
@@ -92,6 +92,12 @@ def read_q8_rows(path: Path, name: str = "token_embd.weight") -> Q8Rows | None:
         return None
     rows, width = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the row width first
     return Q8Rows(path, int(tensor.data_offset), rows, width)
+
+
+def rows_can_serve() -> bool:
+    """Whether Q8Rows can stand in for a bf16 embedding and head here: the head's packed copy needs oneDNN's
+    packed bf16 linear (packed.py)."""
+    return packing_supported(torch.empty(0, 1, dtype=torch.bfloat16))
 
 
 class Q8Embedding(nn.Module):

@@ -60,6 +60,7 @@ class Target:
         self.final_norm = inner.norm
         self.rotary = inner.rotary_emb
         self.lm_head = model.get_output_embeddings()
+        self._file_rows = embedding  # q8.py: the tied embedding and head from the file, maybe never loaded (meta)
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.kv_heads = attn.k_proj.out_features // self.head_dim
@@ -77,7 +78,7 @@ class Target:
                            for name, f in linears.items()} for linears in self.linears]
         self._dtype, self._device = self.embed_tokens.weight.dtype, self.embed_tokens.weight.device
         self._rows = None  # the tied embedding and head as the file's Q8_0 rows (q8.py), or None: the weight's
-        if not (embedding is not None and self.packed and self._tied() and self._use_file_rows(model, embedding)):
+        if not (embedding is not None and q8.rows_can_serve() and self._tied() and self._use_file_rows(model, embedding)):
             self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
         self._final_norm = norm_function(self.final_norm)  # lean.py: the module's bits, fewer calls
@@ -95,15 +96,18 @@ class Target:
         its packed copy alone (packed from the loaded weight), and the bf16 weight, a third of an int4 target's
         memory, is dropped. Only where the file's rows are the loaded weight's bits (checked on 64 rows across
         it); else the weight stays, with a warning."""
-        weight = self.lm_head.weight.detach()  # [V, D]
-        probe = torch.linspace(0, weight.shape[0] - 1, 64).long() if weight.dim() == 2 else None
-        if (rows.shape != tuple(weight.shape) or weight.dtype != torch.bfloat16
-                or not torch.equal(rows.rows(probe), weight[probe])):
-            warnings.warn(f"{rows.path.name}: its embedding is not the loaded weight's bits; keeping the loaded "
-                          "weight (clear the converted copy in the cache if the file changed)", stacklevel=3)
-            return False
-        self._rows = rows
-        self.head = q8.PackedQ8(rows, weight)
+        weight = self.lm_head.weight.detach()  # [V, D]; on the meta device when it was never read
+        if rows.shape != tuple(weight.shape):
+            raise ConfigError(f"the file's embedding is {list(rows.shape)}, the target's {list(weight.shape)}; "
+                              "pass the GGUF of this target")
+        if not weight.is_meta:
+            probe = torch.linspace(0, weight.shape[0] - 1, 64).long()
+            if weight.dtype != torch.bfloat16 or not torch.equal(rows.rows(probe), weight[probe]):
+                warnings.warn(f"{rows.path.name}: its embedding is not the loaded weight's bits; keeping the loaded "
+                              "weight (clear the converted copy in the cache if the file changed)", stacklevel=3)
+                return False
+        self._rows, self._dtype, self._device = rows, torch.bfloat16, torch.device("cpu")
+        self.head = q8.PackedQ8(rows, None if weight.is_meta else weight)
         self.embed_tokens = q8.Q8Embedding(rows)
         model.set_input_embeddings(self.embed_tokens)
         model.set_output_embeddings(q8.Q8Head(rows, self.head))  # the HF model's own forward (hf-generate)
@@ -115,7 +119,10 @@ class Target:
         return self._rows.rows(ids) if self._rows is not None else self.lm_head.weight.detach()[ids]
 
     def _can_pack(self) -> bool:
-        return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(self.lm_head.weight)
+        weight = self.lm_head.weight
+        if weight.is_meta and self._file_rows is not None:  # never read: the file's rows will serve it
+            return q8.rows_can_serve()
+        return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(weight)
 
     def _should_pack(self) -> bool:
         if not self._can_pack():
