@@ -14,11 +14,13 @@ Each failed check raises `Refused` saying what differs; the driver writes the re
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from time import monotonic
 
 REFERENCE_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -27,6 +29,9 @@ REFERENCE_PROMPTS = (
     "Explain in two sentences why the sky is blue.",
 )
 REFERENCE_TOKENS = 48
+
+
+RETURN_LIMIT = 8  # files a device call brings back from $OUT
 
 
 class Refused(Exception):
@@ -156,3 +161,38 @@ def draft_files(target, layers: int, block_size: int, layer_ids, folder: Path) -
 
 def _text(target, token: int) -> str:
     return repr(target.tokenizer.decode([token])) if target.tokenizer is not None else ""
+
+
+def check(args, log, sha256: str) -> dict:
+    import torch
+
+    from blockdraft.io.targets import load_target
+
+    from gpu_geometry import geometries
+    from gpu_stages import free_gpu_memory
+
+    started = monotonic()
+    reference = json.loads(args.reference.read_text())
+    if reference["gguf_sha256"] != sha256:
+        raise Refused(f"{args.reference} was computed from a GGUF with sha256 {reference['gguf_sha256']}, not this "
+                      "one; run `scripts/gpu_train.sh reference` where that file is installed")
+    torch.set_float32_matmul_precision("highest")  # no TF32: the reference is float32 all through
+    target = load_target(dtype="float32", device=args.device)
+    notes = check_greedy(target, reference)
+    log.line(f"check: greedy tokens of {len(reference['prompts'])} prompts agree with the CPU float32 reference"
+             + "".join(f"; {note}" for note in notes))
+    counts = {}
+    for geometry in filter(None, geometries(args)):
+        files = draft_files(target, geometry.layers, geometry.block_size, geometry.layer_ids, args.work / "probe")
+        if len(files) + 2 > RETURN_LIMIT:
+            raise Refused(f"a draft of {geometry.layers} layers is {len(files)} files ({', '.join(files)}); with "
+                          f"run.log and summary.json that is over the {RETURN_LIMIT} files a call returns; use fewer "
+                          "layers")
+        counts[geometry.name()] = files
+    device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
+    del target
+    free_gpu_memory()
+    # data.tar is the file left over, if one is
+    args.data_returned = max(len(files) for files in counts.values()) + 3 <= RETURN_LIMIT
+    return {"greedy": "agrees", "near_ties": notes, "draft_files": counts, "device": device,
+            "data_returned": args.data_returned, "seconds": round(monotonic() - started, 1)}

@@ -10,6 +10,7 @@ it came.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shlex
@@ -23,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
+
+from gpu_geometry import Geometry
 
 
 class Log:
@@ -109,16 +112,6 @@ class Beside:
         return self.ran
 
 
-@dataclass(frozen=True)
-class Geometry:
-    layers: int
-    block_size: int
-    layer_ids: tuple[int, ...]
-
-    def name(self) -> str:
-        return f"{self.layers} layers, K {self.block_size}, taps {list(self.layer_ids)}"
-
-
 @dataclass
 class Ran:
     rc: int
@@ -163,6 +156,14 @@ class Summary:
 
 def cli(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "blockdraft.cli", *arguments]
+
+
+def free_gpu_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def generate_data(args, log: Log, budget: float) -> dict:
@@ -237,13 +238,6 @@ def eval_command(args, draft_dir: Path) -> list[str]:
                "--block-size", str(args.eval_block_size), "--device", args.device, *threads(args))
 
 
-def mean_tau(record: dict | None) -> float | None:
-    """The mean over an eval's prompt sets of their mean tau (each set counts once), from its JSON record."""
-    results = (record or {}).get("results") or {}
-    taus = [r["mean_tau"] for r in results.values() if isinstance(r, dict) and "mean_tau" in r]
-    return sum(taus) / len(taus) if taus else None
-
-
 def pack_data(folder: Path, path: Path, limit: int) -> dict:
     """The data folder as one tar file (a call returns files, not folders): its metadata and as many whole
     shards, in order, as keep the file under `limit` bytes."""
@@ -307,6 +301,11 @@ def train_metrics(run_folder: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file ("" when there is none)."""
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
 
 def returned_files(out: Path) -> list[dict]:

@@ -18,8 +18,6 @@ Exit status: 0 a draft came back (summary.json says whether it is the final one)
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
 import shutil
 import sys
@@ -29,12 +27,13 @@ from time import monotonic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check import Refused, check_greedy, check_sha256, draft_files, install_wheels, join_parts  # noqa: E402
+from gpu_check import RETURN_LIMIT, Refused, check, check_sha256, install_wheels, join_parts  # noqa: E402
+from gpu_geometry import choose, geometries, mean_tau  # noqa: E402
 from gpu_prep import REPO, gpu_folders, print_plan, split_target, write_prompts, write_reference  # noqa: E402
-from gpu_stages import (Beside, Geometry, Log, Summary, bench_command, eval_command, generate_data,  # noqa: E402
-                        mean_tau, pack_data, recover_draft, returned_files, train_command, train_metrics)
+from gpu_stages import (Beside, Log, Summary, bench_command, eval_command, free_gpu_memory,  # noqa: E402
+                        generate_data, pack_data, recover_draft, returned_files, tail, train_command,
+                        train_metrics)
 
-RETURN_LIMIT = 8  # files a device call brings back from $OUT
 SETUP_SECONDS = 60  # join, sha256, wheel, the GGUF's conversion, the greedy check: under a minute on the GPU machine
 DEFAULT_LAYER_IDS = (1, 8, 14, 20, 27)
 
@@ -283,71 +282,6 @@ def window(args, log: Log, summary: Summary, deadline: float) -> None:
             ran = log.run(bench_command(args, batch_size, prompts), timeout=timeout)
             benches.append({"batch_size": batch_size, **ran.as_dict(), "result": ran.record})
         summary.set(bench=benches)
-
-
-def geometries(args) -> tuple[Geometry, Geometry | None]:
-    first = Geometry(args.layers, args.block_size, tuple(args.target_layer_ids))
-    if not args.second_layers:
-        return first, None
-    return first, Geometry(args.second_layers, args.second_block_size or args.block_size,
-                           tuple(args.second_target_layer_ids or args.target_layer_ids))
-
-
-def choose(args, results: dict, second_draft: Path, log: Log) -> str:
-    """'second' (and its draft moved into --out) when its eval tau is within --second-margin of the first's;
-    'first' otherwise, or when either eval gave no tau."""
-    tau_first, tau_second = results["first"]["mean_tau"], results["second"]["mean_tau"]
-    if tau_first is None or tau_second is None or tau_second < tau_first - args.second_margin:
-        log.line(f"returned: the first draft (tau {tau_first} against the second's {tau_second})")
-        return "first"
-    shutil.rmtree(args.out / "draft")
-    shutil.copytree(second_draft, args.out / "draft")
-    log.line(f"returned: the second draft (tau {tau_second}, within {args.second_margin} of the first's {tau_first})")
-    return "second"
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]) if path.is_file() else ""
-
-
-def check(args, log: Log, sha256: str) -> dict:
-    import torch
-
-    from blockdraft.io.targets import load_target
-
-    started = monotonic()
-    reference = json.loads(args.reference.read_text())
-    if reference["gguf_sha256"] != sha256:
-        raise Refused(f"{args.reference} was computed from a GGUF with sha256 {reference['gguf_sha256']}, not this "
-                      "one; run `scripts/gpu_train.sh reference` where that file is installed")
-    torch.set_float32_matmul_precision("highest")  # no TF32: the reference is float32 all through
-    target = load_target(dtype="float32", device=args.device)
-    notes = check_greedy(target, reference)
-    log.line(f"check: greedy tokens of {len(reference['prompts'])} prompts agree with the CPU float32 reference"
-             + "".join(f"; {note}" for note in notes))
-    counts = {}
-    for geometry in filter(None, geometries(args)):
-        files = draft_files(target, geometry.layers, geometry.block_size, geometry.layer_ids, args.work / "probe")
-        if len(files) + 2 > RETURN_LIMIT:
-            raise Refused(f"a draft of {geometry.layers} layers is {len(files)} files ({', '.join(files)}); with "
-                          f"run.log and summary.json that is over the {RETURN_LIMIT} files a call returns; use fewer "
-                          "layers")
-        counts[geometry.name()] = files
-    device = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
-    del target
-    free_gpu_memory()
-    # data.tar is the file left over, if one is
-    args.data_returned = max(len(files) for files in counts.values()) + 3 <= RETURN_LIMIT
-    return {"greedy": "agrees", "near_ties": notes, "draft_files": counts, "device": device,
-            "data_returned": args.data_returned, "seconds": round(monotonic() - started, 1)}
-
-
-def free_gpu_memory() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def finish(args, log: Log, summary: Summary) -> int:

@@ -14,13 +14,14 @@ Shapes: V rows (the vocabulary), D width, G = D / 32 blocks a row, N ids asked.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .packed import PACK_ROWS, PackedConcat, packing_supported
 
 BLOCK = 32  # values per Q8_0 block
@@ -148,3 +149,25 @@ class PackedQ8(PackedConcat):
         if x.requires_grad or x.dtype != torch.bfloat16 or x.device.type != "cpu":
             return self._reference(x)
         return self.product(x)
+
+
+def serve_from_rows(model, weight: torch.Tensor, rows: Q8Rows) -> tuple[PackedQ8, Q8Embedding, Q8Head] | None:
+    """The HF `model`'s tied embedding and head (its weight [V, D], on the meta device when it was never read) from
+    the file's Q8_0 rows: lookups read the rows they need, the head keeps its packed copy alone, and the bf16
+    weight, a third of an int4 target's memory, is dropped. Sets the model's input and output embeddings and
+    returns (the packed head, the embedding, the model's head module); None where a loaded weight is not the
+    rows' bits (checked on 64 rows across it): the weight then stays, with a warning."""
+    if rows.shape != tuple(weight.shape):
+        raise ConfigError(f"the file's embedding is {list(rows.shape)}, the target's {list(weight.shape)}; "
+                          "pass the GGUF of this target")
+    weight = weight.detach()
+    if not weight.is_meta:
+        probe = torch.linspace(0, weight.shape[0] - 1, 64).long()
+        if weight.dtype != torch.bfloat16 or not torch.equal(rows.rows(probe), weight[probe]):
+            warnings.warn(f"{rows.path.name}: its embedding is not the loaded weight's bits; keeping the loaded "
+                          "weight (clear the converted copy in the cache if the file changed)", stacklevel=4)
+            return None
+    head, embedding = PackedQ8(rows, None if weight.is_meta else weight), Q8Embedding(rows)
+    model.set_input_embeddings(embedding)
+    model.set_output_embeddings(Q8Head(rows, head))  # the HF model's own forward (hf-generate) runs it too
+    return head, embedding, model.get_output_embeddings()

@@ -10,7 +10,6 @@ Shapes: B batch, T new tokens, D hidden, V vocabulary, H/Hkv heads, Dh head dim,
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -78,8 +77,13 @@ class Target:
                            for name, f in linears.items()} for linears in self.linears]
         self._dtype, self._device = self.embed_tokens.weight.dtype, self.embed_tokens.weight.device
         self._rows = None  # the tied embedding and head as the file's Q8_0 rows (q8.py), or None: the weight's
-        if not (embedding is not None and q8.rows_can_serve() and self._tied() and self._use_file_rows(model, embedding)):
+        served = (q8.serve_from_rows(model, self.lm_head.weight, embedding)
+                  if embedding is not None and q8.rows_can_serve() and self._tied() else None)
+        if served is None:
             self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
+        else:  # the file's rows serve the embedding and the head, which are no longer held (q8.py)
+            self.head, self.embed_tokens, self.lm_head = served
+            self._rows, self._dtype, self._device = embedding, torch.bfloat16, torch.device("cpu")
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
         self._final_norm = norm_function(self.final_norm)  # lean.py: the module's bits, fewer calls
         # Per layer, what a forward runs, as plain functions (lean.py): with the packed products unchecked, and with
@@ -90,29 +94,6 @@ class Target:
 
     def _tied(self) -> bool:
         return getattr(self.lm_head, "bias", None) is None and self.lm_head.weight is self.embed_tokens.weight
-
-    def _use_file_rows(self, model, rows: q8.Q8Rows) -> bool:
-        """The tied embedding and head from the file's Q8_0 rows: lookups read the rows they need, the head keeps
-        its packed copy alone (packed from the loaded weight), and the bf16 weight, a third of an int4 target's
-        memory, is dropped. Only where the file's rows are the loaded weight's bits (checked on 64 rows across
-        it); else the weight stays, with a warning."""
-        weight = self.lm_head.weight.detach()  # [V, D]; on the meta device when it was never read
-        if rows.shape != tuple(weight.shape):
-            raise ConfigError(f"the file's embedding is {list(rows.shape)}, the target's {list(weight.shape)}; "
-                              "pass the GGUF of this target")
-        if not weight.is_meta:
-            probe = torch.linspace(0, weight.shape[0] - 1, 64).long()
-            if weight.dtype != torch.bfloat16 or not torch.equal(rows.rows(probe), weight[probe]):
-                warnings.warn(f"{rows.path.name}: its embedding is not the loaded weight's bits; keeping the loaded "
-                              "weight (clear the converted copy in the cache if the file changed)", stacklevel=3)
-                return False
-        self._rows, self._dtype, self._device = rows, torch.bfloat16, torch.device("cpu")
-        self.head = q8.PackedQ8(rows, None if weight.is_meta else weight)
-        self.embed_tokens = q8.Q8Embedding(rows)
-        model.set_input_embeddings(self.embed_tokens)
-        model.set_output_embeddings(q8.Q8Head(rows, self.head))  # the HF model's own forward (hf-generate)
-        self.lm_head = model.get_output_embeddings()
-        return True
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [N] of the LM head's weight [N, D], in its dtype (the file's rows when they serve it)."""
