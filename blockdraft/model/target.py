@@ -75,7 +75,6 @@ class Target:
         self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
         self._products = [{name: f.product if isinstance(f, (PackedConcat, q4.Q4Linear)) else f
                            for name, f in linears.items()} for linears in self.linears]
-        self._dtype, self._device = self.embed_tokens.weight.dtype, self.embed_tokens.weight.device
         self._rows = None  # the tied embedding and head as the file's Q8_0 rows (q8.py), or None: the weight's
         served = (q8.serve_from_rows(model, self.lm_head.weight, embedding)
                   if embedding is not None and q8.rows_can_serve() and self._tied() else None)
