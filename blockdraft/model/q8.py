@@ -23,6 +23,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .packed import PACK_ROWS, PackedConcat, packing_supported
+from .q4 import open_gguf
 
 BLOCK = 32  # values per Q8_0 block
 BLOCK_BYTES = 2 + BLOCK  # float16 d, then 32 int8 codes
@@ -79,15 +80,12 @@ def dequantize(raw: torch.Tensor) -> torch.Tensor:
     return (q * d).to(torch.bfloat16).reshape(raw.shape[0], -1)
 
 
-def read_q8_rows(path: Path, name: str = "token_embd.weight") -> Q8Rows | None:
-    """The GGUF tensor `name` as Q8Rows over the file; None when the file stores it otherwise."""
+def read_q8_rows(path: Path, name: str = "token_embd.weight", reader=None) -> Q8Rows | None:
+    """The GGUF tensor `name` as Q8Rows over the file; None when the file stores it otherwise (`reader`: the
+    file's `q4.open_gguf`, or None to open it)."""
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as error:  # the reader raises ValueError, IndexError, struct errors... on a damaged file
-        raise CheckpointError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}); "
-                              "reinstall the package that ships it, or pass an intact file") from error
+    reader = open_gguf(path) if reader is None else reader
     tensor = next((t for t in reader.tensors if t.name == name), None)
     if tensor is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
         return None
