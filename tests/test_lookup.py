@@ -68,6 +68,7 @@ def test_lookup_block_pads_and_counts_each_row():
     proposals, found = lookup_block(tokens, torch.tensor([5, 4]), 4)
     assert found.tolist() == [3, 0]
     assert proposals[0].tolist() == [9, 1, 2, 2]  # padded with the row's last proposal
+    assert lookup_block(tokens[1:], torch.tensor([4]), 4) is None, "no row has a match"
     assert PromptLookup(5, COSTS).propose(tokens, torch.tensor([5, 4])) is None, "a row without a match: no lookup step"
     assert PromptLookup(5, COSTS).propose(tokens[:1], torch.tensor([5])) is not None
     with pytest.raises(ValueError):
@@ -270,3 +271,31 @@ def test_a_lookup_block_wider_than_k_is_exact_and_counted():
     assert pooled.block_size == 4 and len(pooled.histogram) == 5 and pooled.histogram[4] > 0, pooled.histogram
     within = sum((i + 1) * n for i, n in enumerate(pooled.histogram[:4]))
     assert pooled.tokens > within + 4 * pooled.histogram[4], "each overflow step commits more than K tokens"
+
+
+def test_graft_lengths_kept_between_steps_equal_lengths_computed_afresh():
+    """graft_length keeps its choice until either policy's counts change; one that decides afresh at every step
+    must graft the same lengths through hits, misses, re-tries and batch-size changes."""
+    costs = linear_costs(plain=0.011, draft=0.004, per_position=0.001)
+    draft = make_policy(4, True, costs, tree=True)
+    kept, fresh = PromptLookup(4, costs), PromptLookup(4, costs)
+    generator = torch.Generator().manual_seed(3)
+    chosen = []
+    for step in range(400):
+        rows = 1 + (step // 70) % 2
+        draft.at_batch(rows)
+        width = draft.choose()
+        available = int(torch.randint(0, 8, (1,), generator=generator))
+        graft = kept.graft_length(draft, width, available, rows=rows)
+        fresh._planned.clear()
+        assert fresh.graft_length(draft, width, available, rows=rows) == graft, f"step {step}"
+        chosen.append(graft)
+        hits = step % 100 < 50  # runs hit for a while, then miss
+        accepted = [int(torch.randint(0, graft + 1, (1,), generator=generator)) if hits else 0 for _ in range(rows)]
+        for lookup in (kept, fresh):
+            lookup.observe_graft(graft, accepted if graft else [])
+        if width > 1:
+            draft.observe(width, [0] * rows, within={w: [0] * rows for w in draft.widths if 1 < w <= width})
+        else:
+            draft.observe(1, [0] * rows)
+    assert len(set(chosen)) > 2 and 0 in chosen

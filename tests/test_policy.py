@@ -125,6 +125,36 @@ def test_join_pending_appends_each_rows_entries():
     assert joined[0, :3, 0].tolist() == [1, 2, 3] and joined[1, :3, 0].tolist() == [5, 6, 7]
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+def test_join_pending_grows_in_place_and_keeps_every_rows_entries(rows):
+    """Many joins of ragged rows (as plain steps append them) equal one join of everything, and after the first
+    they reuse one buffer instead of copying what came before."""
+    from blockdraft.decode.step import join_pending, pending_room
+
+    generator = torch.Generator().manual_seed(0)
+    pending, counts = torch.zeros(2, 1, 3), torch.tensor([1, 0])  # two rows: the scatter; one row: a slice copy
+    pending[0, 0] = 1.0
+    expected = [[pending[0, 0].clone()], []]
+    storages = set()
+    if rows == 1:
+        pending, counts = pending[:1], counts[:1]
+    for step in range(100):
+        Q = 1 + step % 3
+        new_counts = torch.tensor([1 + step % Q, Q])[:rows]  # row 0 keeps fewer than it is given
+        new = torch.randn(rows, Q, 3, generator=generator)
+        pending, counts = join_pending(pending, counts, new, new_counts)
+        for b in range(rows):
+            expected[b] += list(new[b, : int(new_counts[b])])
+        storages.add(pending.untyped_storage().data_ptr())
+        assert pending_room(pending) >= pending.shape[1]
+    for b in range(rows):
+        assert int(counts[b]) == len(expected[b])
+        assert torch.equal(pending[b, : len(expected[b])], torch.stack(expected[b]))
+    assert len(storages) <= 4  # the buffer doubles: a few copies for 100 joins, not one each
+    assert pending_room(torch.zeros(2, 5, 3)) == 5 and pending_room(torch.zeros(2, 9, 3)[:, :4]) == 4
+    assert pending_room(pending[[0]]) == pending.shape[1]  # rows kept by indexing are a fresh tensor
+
+
 @pytest.mark.parametrize("with_lookup", [False, True], ids=["plain-steps", "plain-and-lookup-steps"])
 def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
     """Plain and lookup steps defer the draft's context; the next proposal must see exactly the committed prefix."""
@@ -253,3 +283,37 @@ def test_no_opening_where_no_width_pays_at_the_priors():
         assert chosen == [1, 1, 1], chosen
     for policy in (AdaptiveWidth(8, CPU_LIKE), TreeWidth(8, CPU_LIKE)):  # where drafting can pay, it opens wide
         assert policy.choose() == policy.widths[-1]
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_memoized_choices_equal_choices_computed_afresh(kind):
+    """The policy keeps what it derives from its counts until they change; a policy that derives everything at
+    every step must choose the same widths through plain, drafted and re-try steps, and batch-size changes."""
+    from blockdraft.decode.costs import linear_costs
+    from blockdraft.decode.policy import AdaptiveWidth, TreeWidth
+
+    class Afresh(TreeWidth if kind == "tree" else AdaptiveWidth):
+        def _memoized(self, key, compute):
+            return compute()
+
+    costs = linear_costs(plain=1.0, draft=0.3, per_position=0.02)
+    make = (lambda cls: cls(8, costs)) if kind == "tree" else (lambda cls: cls(8, costs))
+    base_cls = TreeWidth if kind == "tree" else AdaptiveWidth
+    kept, fresh = make(base_cls), make(Afresh)
+    generator = torch.Generator().manual_seed(1)
+    widths = []
+    for step in range(300):
+        rows = 1 + (step // 50) % 3
+        for policy in (kept, fresh):
+            policy.at_batch(rows)
+        width = kept.choose()
+        assert fresh.choose() == width, f"step {step}"
+        widths.append(width)
+        # acceptance falls, then recovers: the choice moves between plain and drafted widths
+        good = step < 60 or step > 200
+        accepted = [int(torch.randint(0, width, (1,), generator=generator)) if good else 0 for _ in range(rows)]
+        within = {w: [min(a, w - 1) for a in accepted] for w in kept.widths if 1 < w <= width}
+        for policy in (kept, fresh):
+            policy.observe(width, accepted, within=within)
+        assert torch.equal(kept.gains(), fresh.gains())
+    assert len(set(widths)) > 2 and 1 in widths  # the walk saw plain steps and several drafted widths

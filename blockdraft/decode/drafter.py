@@ -51,7 +51,7 @@ class Drafter:
         # only when needed).
         self.vocab = None if draft.vocab is None else draft.vocab.to(target.device)
         self.active_ids: torch.Tensor | None = None  # [N'] this request's ids: the vocabulary's, then its prompts'
-        self.extra_head = None  # rows [..., D] -> logits over the prompts' ids outside the vocabulary [..., E]
+        self._extra_head = None  # `extra_head`, once built
         self.head = None  # rows [..., D] -> their logits over active_ids [..., N'] (packed like the target's)
 
     @property
@@ -68,7 +68,7 @@ class Drafter:
         if self.vocab is not None:
             self.active_ids = self.vocab  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
             self.head = self.target.row_head(self.vocab)  # built once per vocabulary
-            self.extra_head = None
+            self._extra_head = None
             self._add_prompt_ids(prompts or [])
 
     def add_rows(self, prompts: list[list[int]]) -> None:
@@ -91,10 +91,21 @@ class Drafter:
         if not extra.numel():
             return
         self.active_ids = torch.cat([self.active_ids, extra])
-        extra = self.active_ids[self.vocab.numel():]  # every extra id of the request, in active_ids' order
-        head = self.target.lm_head
-        bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
-        self.extra_head = head_linear(self.target.head_rows(extra), bias, pack=False)
+        self._extra_head = None  # built again, over every extra id, when the draft next runs
+
+    @property
+    def extra_head(self):
+        """rows [..., D] -> logits over the prompts' ids outside the vocabulary [..., E], or None when there are
+        none. Built when the draft first runs for these ids: a request whose steps all run plain (a draft under
+        the break-even) never pays for it (about 5 ms at q4, whose rows are read from the file)."""
+        if self.vocab is None or self.active_ids is None or self.active_ids.numel() == self.vocab.numel():
+            return None
+        if self._extra_head is None:
+            extra = self.active_ids[self.vocab.numel():]  # every extra id of the request, in active_ids' order
+            head = self.target.lm_head
+            bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
+            self._extra_head = head_linear(self.target.head_rows(extra), bias, pack=False)
+        return self._extra_head
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -147,8 +158,9 @@ class Drafter:
             return self._softcap(self.target.logits(rows)), None
         # Scored over the proposal vocabulary only [B, n, N'] (its ids: active_ids, the vocabulary's then the extra).
         logits = self.head(rows)
-        if self.extra_head is not None:
-            logits = torch.cat([logits, self.extra_head(rows)], dim=-1)
+        extra_head = self.extra_head
+        if extra_head is not None:
+            logits = torch.cat([logits, extra_head(rows)], dim=-1)
         return self._softcap(logits.float()), self.active_ids
 
     def propose(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None) -> torch.Tensor:

@@ -26,6 +26,7 @@ Shapes: B live rows, C token capacity, n proposals.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .costs import CostModel
@@ -46,38 +47,50 @@ def continuation(ids: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM, min_
     of ShareGPT/HealthBench (every other position); on the first 8 greedy answers of HumanEval, IFEval and
     MT-Bench, 24-35 % more. Longer suffixes than 12-16 changed nothing there.
     """
-    L = ids.shape[0]
+    start = _continuation_start(ids.cpu().numpy(), max_ngram, min_ngram)
+    return ids[:0] if start is None else ids[start : start + count]
+
+
+def _continuation_start(x: np.ndarray, max_ngram: int, min_ngram: int) -> int | None:
+    """Where `continuation`'s tokens begin in x [L] (the index after the chosen occurrence), or None. NumPy: a
+    lookup runs every step, and a NumPy op costs a fraction of a torch op's call."""
+    L = x.shape[0]
     if L <= min_ngram:
-        return ids[:0]
-    # Occurrences of the last min_ngram tokens that end at 0..L-2 (each followed by at least one token).
-    windows = ids[: L - 1].unfold(0, min_ngram, 1)  # [L-min_ngram, min_ngram]
-    ends = (windows == ids[L - min_ngram:]).all(dim=1).nonzero()[:, 0] + min_ngram - 1  # [S] last index
-    if not ends.numel():
-        return ids[:0]
+        return None
+    starts = L - min_ngram  # windows x[i : i + min_ngram], i < starts, end before the context's last token
+    match = x[:starts] == x[starts]
+    for j in range(1, min_ngram):
+        match &= x[j : starts + j] == x[starts + j]
+    ends = np.flatnonzero(match) + (min_ngram - 1)  # [S] last index of each occurrence
+    if not ends.size:
+        return None
     # Suffix shared with the context's end: compare backwards from each occurrence's end, up to max_ngram.
-    back = torch.arange(min(max_ngram, L), device=ids.device)  # [n]
+    back = np.arange(min(max_ngram, L))  # [n]
     here = ends[:, None] - back  # [S, n] positions before each occurrence's end
-    same = (here >= 0) & (ids[here.clamp(min=0)] == ids[L - 1 - back])  # [S, n]
-    shared = same.long().cumprod(dim=1).sum(dim=1)  # [S], >= min_ngram
-    best = int((shared * L + ends).argmax())  # the longest, then the most recent
-    begin = int(ends[best]) + 1
-    return ids[begin : begin + count]
+    same = (here >= 0) & (x[np.maximum(here, 0)] == x[L - 1 - back])  # [S, n]
+    shared = np.cumprod(same, axis=1).sum(axis=1)  # [S], >= min_ngram
+    best = int(np.argmax(shared * L + ends))  # the longest, then the most recent
+    return int(ends[best]) + 1
 
 
 def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM,
-                 min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+                 min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's continuation of its first lengths[b] tokens of tokens [B, C]: proposals [B, count] (padded
-    by repeating the row's last proposal) and their real lengths [B] (0: no match, the row is all padding)."""
-    rows, lengths_cpu = tokens.cpu(), lengths.cpu().tolist()
-    out = torch.zeros(rows.shape[0], count, dtype=torch.long)
-    found = torch.zeros(rows.shape[0], dtype=torch.long)
+    by repeating the row's last proposal) and their real lengths [B] (0: no match, the row is all padding); None
+    when no row has a match."""
+    rows, lengths_cpu = tokens.cpu().numpy(), lengths.cpu().tolist()
+    out = np.zeros((rows.shape[0], count), dtype=np.int64)
+    found = np.zeros(rows.shape[0], dtype=np.int64)
     for b, length in enumerate(lengths_cpu):
-        run = continuation(rows[b, :length], count, max_ngram, min_ngram)
-        if run.numel():
-            out[b, : run.numel()] = run
-            out[b, run.numel():] = run[-1]
-            found[b] = run.numel()
-    return out.to(tokens.device), found.to(tokens.device)
+        start = _continuation_start(rows[b, :length], max_ngram, min_ngram)
+        if start is not None:
+            run = rows[b, start : min(start + count, length)]
+            out[b, : run.size] = run
+            out[b, run.size:] = run[-1]
+            found[b] = run.size
+    if not found.any():
+        return None
+    return torch.from_numpy(out).to(tokens.device), torch.from_numpy(found).to(tokens.device)
 
 
 class PromptLookup:
@@ -99,6 +112,7 @@ class PromptLookup:
         self.steps = 0  # lookup steps taken (tree steps with a graft among them)
         self.explore_every, self.explore_budget = explore_every, explore_budget
         self.since_graft = 0  # tree steps that declined a graft since the last one
+        self._planned: dict = {}  # graft_length's choice by what it depends on (`_plan_graft`)
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""
@@ -107,8 +121,7 @@ class PromptLookup:
 
     def runs(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None."""
-        proposals, found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
-        return (proposals, found) if bool((found > 0).any()) else None
+        return lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
 
     def graft_length(self, draft_policy, width: int, available: int, rows: int = 1) -> int:
         """How many looked-up tokens (0..available) to graft onto the draft's tree of `width` nodes over `rows`
@@ -128,6 +141,18 @@ class PromptLookup:
         whole = min(available, self.width - 1)
         if not isinstance(draft_policy, AdaptiveWidth):  # a fixed width cannot price a graft
             return whole
+        # The choice changes only with either policy's counts: a decode asks the same question at most steps.
+        key = (draft_policy, draft_policy.version, self.policy.version, width, available, rows, self.explore_every,
+               self.explore_budget)
+        if key not in self._planned:
+            if len(self._planned) > 256:
+                self._planned.clear()
+            self._planned[key] = self._plan_graft(draft_policy, width, available, rows, whole)
+        best, interval = self._planned[key]
+        return whole if self.since_graft >= interval else best
+
+    def _plan_graft(self, draft_policy, width: int, available: int, rows: int, whole: int) -> tuple[int, float]:
+        """(the graft length with the most expected tokens per second, steps between whole-run re-tries)."""
         cost = draft_policy.seconds_per_position()
         drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
         # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
@@ -145,8 +170,7 @@ class PromptLookup:
         best = max(lengths, key=lambda m: tokens(m) / step_time(m))
         # Seconds a whole-run graft loses against the best length producing the same expected tokens.
         lost = step_time(whole) - tokens(whole) / tokens(best) * step_time(best)
-        interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget)
-        return whole if self.since_graft >= interval else best
+        return best, budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget)
 
     def observe_graft(self, graft: int, accepted: list[int]) -> None:
         """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""

@@ -115,6 +115,19 @@ class AdaptiveWidth:
         self.last_explored = 0  # step of the last re-try of a width that was not the best
         self.explorations = 0
         self.steps = 0
+        # What `gains` and `choose` derive from the counts, kept until the counts change (`_changed`): a plain step
+        # changes nothing, and a decode that stopped drafting asks the same question at every step.
+        self._memo: dict = {}
+        self.version = 0  # counts changes of the counts: what others derive from this policy is keyed on it
+
+    def _changed(self) -> None:
+        self._memo.clear()
+        self.version += 1
+
+    def _memoized(self, key, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def at_batch(self, rows: int) -> None:
         """The next steps decode `rows` rows: price them at that batch size."""
@@ -137,7 +150,11 @@ class AdaptiveWidth:
         return torch.tensor(out, dtype=torch.float64)
 
     def gains(self) -> torch.Tensor:
-        """E(w) for w = 1..K [K] float64: expected committed tokens of a step of each width."""
+        """E(w) for w = 1..K [K] float64: expected committed tokens of a step of each width (read-only: shared by
+        every call until the counts change)."""
+        return self._memoized("gains", self._gains)
+
+    def _gains(self) -> torch.Tensor:
         return expected_tokens(self.alpha())
 
     def rate(self, width: int, gain: torch.Tensor | None = None) -> float:
@@ -151,9 +168,21 @@ class AdaptiveWidth:
         return max(self.rate(w, gain) for w in self.widths)
 
     def choose(self) -> int:
-        gain = self.gains()
-        if self.steps < self.opening and self._may_pay(gain):
+        best, explore, interval, may_pay = self._memoized(("plan", self.rows, self.explorations), self._plan)
+        if self.steps < self.opening and may_pay:
             return self.widths[-1]  # the widest step tells what every narrower width would have accepted
+        if self.steps - self.last_explored >= interval:
+            # Re-try the runner-up, the width most likely to take over: while plain steps win, only a drafting
+            # step can tell that the draft has started to hit.
+            self.last_explored = self.steps
+            self.explorations += 1
+            return explore
+        return best
+
+    def _plan(self) -> tuple[int, int, float, bool]:
+        """(best width, the width a re-try would take, steps between re-tries, whether some drafted width may pay)
+        at the counts, batch size and re-tries so far."""
+        gain = self.gains()
 
         def score(w: int) -> float:  # drafting must win by `margin`: a near-tie is not worth a wider verify
             return self.rate(w, gain) / (self.margin if w > 1 else 1.0)
@@ -164,13 +193,7 @@ class AdaptiveWidth:
         # Seconds one re-try loses against the best width producing the same expected tokens.
         lost = self.step_seconds(explore) - float(gain[explore - 1] / gain[best - 1]) * self.step_seconds(best)
         interval = budgeted_interval(interval, lost, self.step_seconds(best), self.explore_budget)
-        if self.steps - self.last_explored >= interval:
-            # Re-try the runner-up, the width most likely to take over: while plain steps win, only a drafting
-            # step can tell that the draft has started to hit.
-            self.last_explored = self.steps
-            self.explorations += 1
-            return explore
-        return best
+        return best, explore, interval, self._may_pay(gain)
 
     def _may_pay(self, gain: torch.Tensor) -> bool:
         """Whether some drafted width beats a plain step at the acceptance known so far (asked during the opening:
@@ -193,6 +216,7 @@ class AdaptiveWidth:
         """Row r accepted num_accepted[r] of the width-1 proposals it was given."""
         if width == 1:
             return  # nothing was proposed: acceptance counts stay as they were
+        self._changed()
         self.reached *= self.decay
         self.accepted *= self.decay
         slots = torch.arange(1, width, dtype=torch.long)  # slots 1..w-1
@@ -215,7 +239,7 @@ class TreeWidth(AdaptiveWidth):
         self.accepted_sum = torch.zeros(max_width, dtype=torch.float64)  # decayed sum of accepted guesses
         self.observed = torch.zeros(max_width, dtype=torch.float64)  # decayed count of rows observed
 
-    def gains(self) -> torch.Tensor:
+    def _gains(self) -> torch.Tensor:
         # Each width's mean is shrunk towards the previous width's (towards 0.5 accepted guesses for w = 2, the
         # chain's even first-slot prior: a pessimistic start would keep a good draft switched off), and never
         # falls below it: more nodes never accept less.
@@ -239,6 +263,7 @@ class TreeWidth(AdaptiveWidth):
         if width == 1:
             return
         within = within or {width: num_accepted}
+        self._changed()
         self.accepted_sum *= self.decay
         self.observed *= self.decay
         for w, accepted in within.items():
