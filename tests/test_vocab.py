@@ -103,3 +103,20 @@ def test_bad_sidecar_is_refused_with_the_fix(tmp_path, record, message):
     with pytest.raises(CheckpointError, match=message) as error:
         read_vocab(tmp_path, VOCAB)
     assert "delete" in str(error.value)
+
+
+def test_prompt_only_ids_are_the_prompts_ids_outside_the_vocabulary():
+    """Against its definition as sets, on random unsorted vocabularies (a request's active ids are the
+    vocabulary's, then earlier prompts' extras) and prompts with ids past the vocabulary's largest."""
+    from blockdraft.decode.vocab import prompt_only_ids
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        V = int(torch.randint(2, 200, (1,), generator=generator))
+        ids = torch.randperm(V, generator=generator)[: int(torch.randint(1, V, (1,), generator=generator))]
+        prompts = [torch.randint(0, V + 5, (int(torch.randint(0, 20, (1,), generator=generator)),),
+                                 generator=generator).tolist() for _ in range(2)]
+        expected = sorted({t for p in prompts for t in p} - set(ids.tolist()))
+        assert prompt_only_ids(ids, prompts).tolist() == expected
+        assert prompt_only_ids(ids, torch.tensor(prompts[0], dtype=torch.long)).tolist() == sorted(
+            set(prompts[0]) - set(ids.tolist()))

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..sampling import SamplingParams, greedy_step, logits_to_probs, sample, speculative_sample
+from ..sampling.argmax import first_argmax
 from ..sampling.gumbel import gumbel_noise, perturbed_scores
 from ..sampling.tree import accepted_nodes, deepest_node, tree_sample
 from .tree import Tree
@@ -142,9 +143,9 @@ class Selector:
     def first_token(self, logits: torch.Tensor, row_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The token after the prompt from the target's logits [B, V] -> [B]; it lands at positions [B]."""
         if self.params.greedy:
-            return logits.argmax(dim=-1)
+            return first_argmax(logits)
         if self.coupled:
-            return self._scores(logits[:, None], positions[:, None], row_ids)[:, 0].argmax(dim=-1)
+            return first_argmax(self._scores(logits[:, None], positions[:, None], row_ids)[:, 0])
         return sample(logits_to_probs(logits, self.params), self._rows(row_ids)).to(logits.device)
 
     def propose(self, draft_logits, anchors, row_ids, positions=None):
@@ -156,11 +157,11 @@ class Selector:
         if draft_logits is None:
             return anchors.new_zeros(anchors.shape[0], 0), None
         if self.params.greedy:
-            return draft_logits.argmax(dim=-1), None
+            return first_argmax(draft_logits), None
         if self.coupled:  # the draft's guess of the target's pick: argmax(log q + g) with the target's noise
-            return self._scores(draft_logits, positions, row_ids).argmax(dim=-1), None
+            return first_argmax(self._scores(draft_logits, positions, row_ids)), None
         if self.draft_argmax:
-            proposals = draft_logits.argmax(dim=-1)
+            proposals = first_argmax(draft_logits)
             q = torch.nn.functional.one_hot(proposals, draft_logits.shape[-1]).float()
             if not bool(torch.isfinite(draft_logits.amax(dim=-1)).all()):
                 raise InputError("the draft's logits contain NaN/inf; the draft checkpoint is broken, reload or "
@@ -192,7 +193,7 @@ class Selector:
         token after the deepest [B]). Greedy: the nodes that equal the target's argmax at their parent; coupled:
         likewise over the perturbed scores; rejection sampling: point-mass tests (sampling/tree.py)."""
         if self.deterministic:
-            target_tokens = self.pick_scores(target_logits, row_ids, positions).argmax(dim=-1)  # [B, N]
+            target_tokens = first_argmax(self.pick_scores(target_logits, row_ids, positions))  # [B, N]
             ok = accepted_nodes(tree, target_tokens)
             return ok, target_tokens.gather(1, deepest_node(ok)[:, None])[:, 0]
         p = logits_to_probs(target_logits, self.params)  # [B, N, V]

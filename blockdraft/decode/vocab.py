@@ -71,8 +71,14 @@ def read_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
 def prompt_only_ids(ids: torch.Tensor, prompts: list[list[int]] | torch.Tensor) -> torch.Tensor:
     """The prompts' ids (lists of ids, or a tensor of ids of any shape) that the draft vocabulary ids [N] lacks:
     [E] sorted, distinct, possibly empty."""
-    union = with_prompt_tokens(ids, prompts)
-    return union[~torch.isin(union, ids)]
+    extra = with_prompt_tokens(ids[:0], prompts)  # [P] the prompts' ids, sorted, distinct
+    if not extra.numel():
+        return extra
+    # A membership mask over the ids: a few microseconds, where sorting the 23k-id vocabulary again took ms.
+    member = torch.zeros(max(int(ids.max()) if ids.numel() else 0, int(extra.max())) + 1, dtype=torch.bool,
+                         device=ids.device)
+    member[ids] = True
+    return extra[~member[extra]]
 
 
 def with_prompt_tokens(ids: torch.Tensor, prompts: list[list[int]] | torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ import math
 import torch
 
 from ..errors import InputError
+from .argmax import first_argmax
 from .transforms import Generators, draw_uniforms, sample_from_uniforms
 
 
@@ -77,7 +78,7 @@ def greedy_step(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tupl
     if target_logits.dim() != 3:
         raise _shape_error("target_logits", "[B, K, V]", target_logits, "",
                            "pass the target's logits for the whole block")
-    target_tokens = target_logits.argmax(dim=-1)  # [B, K]
+    target_tokens = first_argmax(target_logits)  # [B, K]
     num_accepted = greedy_accept_length(draft_tokens, target_tokens)
     bonus_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
     return num_accepted, bonus_token

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from .argmax import first_argmax
 from .transforms import SamplingParams, logits_to_probs, scaled_logits
 
 _MASK64 = 2**64 - 1
@@ -65,4 +66,4 @@ def perturbed_scores(logits: torch.Tensor, noise: torch.Tensor, params: Sampling
 
 def coupled_sample(logits: torch.Tensor, noise: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """argmax(log p + g) [...] int64: one exact sample per row of logits [..., V]."""
-    return perturbed_scores(logits, noise, params).argmax(dim=-1)
+    return first_argmax(perturbed_scores(logits, noise, params))
