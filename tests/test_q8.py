@@ -163,3 +163,19 @@ def test_an_int4_target_never_reads_the_embedding_its_file_serves(monkeypatch):
     monkeypatch.setattr(targets, "load_embedded_model", lambda *a, **k: (read.append(k), load(*a, **k))[1])
     target = targets.load_target(weights="q4")
     assert read == [{"skip_projections": True, "skip_embedding": True}] and target._rows is not None
+
+
+def test_single_rows_are_kept_and_handed_out_as_copies(tmp_path):
+    """A decode step asks one row at a time: the kept row must equal a fresh read, stay bounded in number, and
+    survive the caller adding into what it was given (the target's forward does, in place)."""
+    path, converted = write_gguf(tmp_path / "m.gguf")
+    rows = q8.read_q8_rows(path)
+    assert torch.equal(rows.rows(torch.tensor([[5]]))[0, 0], torch.from_numpy(converted[5]).to(torch.bfloat16))
+    fresh = rows.rows(torch.tensor([[3, 7]]))  # two ids: read, not kept
+    first = rows.rows(torch.tensor([[3]]))
+    assert torch.equal(first[0, 0], fresh[0, 0])
+    first.add_(1.0)  # the caller's copy
+    assert torch.equal(rows.rows(torch.tensor([3]))[0], fresh[0, 0])
+    for i in range(q8.KEPT_ROWS + 10):
+        rows.rows(torch.tensor([i % rows.shape[0]]))
+    assert len(rows._kept) <= q8.KEPT_ROWS

@@ -171,8 +171,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
                      # how int4 products run; the earlier form (bf16 products above 4 rows) timed otherwise
                      int4="q4_1 every row" if getattr(target, "quantized", False) else False,
-                     # the forward's form: model/lean.py, scripted.py and packed.single_row_differs
-                     forward="lean layers, paired single rows",
+                     # the step's form: model/lean.py, scripted.py, packed.single_row_differs, step.py's plain steps
+                     forward="lean layers, paired single rows, lean plain steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,

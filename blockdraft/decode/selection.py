@@ -181,7 +181,10 @@ class Selector:
         """Number of accepted proposals [B] and the target's own token at slot a [B] (bonus or replacement), from
         the target's logits [B, K, V] for the tokens at positions [B, K]."""
         if self.deterministic:
-            return greedy_step(self.pick_scores(target_logits, row_ids, positions), proposals)
+            scores = self.pick_scores(target_logits, row_ids, positions)  # [B, K, V]
+            if proposals.shape[1] == 0:  # a plain step: the pick alone (greedy_step's answer, in fewer ops)
+                return proposals.new_zeros(proposals.shape[0]), first_argmax(scores[:, 0])
+            return greedy_step(scores, proposals)
         p = logits_to_probs(target_logits, self.params)  # [B, K, V]
         q = draft_probs if draft_probs is not None else p.new_zeros(p.shape[0], 0, p.shape[-1])
         num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids))

@@ -81,6 +81,8 @@ def accept(selector: Selector, logits: torch.Tensor, proposal: Proposal, row_ids
     picks = s[:, None] + proposal.depths + 1  # [B, N]: node i's logits pick the token after it
     if proposal.parents is None:
         num_accepted, token = selector.accept(logits, proposal.q, proposal.tokens[:, 1:], row_ids, picks)  # [B]
+        if proposal.tokens.shape[1] == 1:  # a plain step: the anchor alone
+            return num_accepted[:, None], num_accepted, None, token  # path [B, 1] of node 0
         P = int(num_accepted.max()) + 1
         path = torch.minimum(torch.arange(P, device=s.device)[None, :], num_accepted[:, None])  # [B, P]
         return path, num_accepted, None, token

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from .q4 import open_gguf
 BLOCK = 32  # values per Q8_0 block
 BLOCK_BYTES = 2 + BLOCK  # float16 d, then 32 int8 codes
 CHUNK_ROWS = 1024  # rows read and dequantized at a time (their float32 temporaries stay a few MB)
+KEPT_ROWS = 2048  # single rows kept by Q8Rows (`_one`), 1,152 bytes each for SmolLM2
 
 
 class Q8Rows:
@@ -39,6 +41,9 @@ class Q8Rows:
         self.path, self.offset, self.shape = Path(path), offset, (rows, width)  # shape (V, D)
         self.row_bytes = width // BLOCK * BLOCK_BYTES
         self._fd = os.open(self.path, os.O_RDONLY)
+        # The last rows asked one at a time (a decode step's tokens), by id: an answer's tokens repeat, and a kept
+        # row costs 3 us to hand out against about 30 to read and dequantize. At most KEPT_ROWS (2.3 MB).
+        self._kept: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     def __del__(self) -> None:
         if getattr(self, "_fd", None) is not None:
@@ -55,12 +60,27 @@ class Q8Rows:
         flat = ids.reshape(-1).tolist()
         if flat and not 0 <= min(flat) <= max(flat) < self.shape[0]:
             raise IndexError(f"ids {min(flat)}..{max(flat)} outside the embedding's {self.shape[0]} rows")
+        if len(flat) == 1:
+            return self._one(flat[0]).clone().view(*ids.shape, self.shape[1]).to(ids.device)  # a copy: the caller's
         out = torch.empty(len(flat), self.shape[1], dtype=torch.bfloat16)  # [N, D]
         for start in range(0, len(flat), CHUNK_ROWS):
             chunk = flat[start: start + CHUNK_ROWS]
             data = b"".join(os.pread(self._fd, self.row_bytes, self.offset + i * self.row_bytes) for i in chunk)
             out[start: start + len(chunk)] = dequantize(self._raw(data, len(chunk)))
         return out.reshape(*ids.shape, self.shape[1]).to(ids.device)
+
+    def _one(self, index: int) -> torch.Tensor:
+        """Row `index` bf16 [D], read once and kept among the last KEPT_ROWS asked (hand out copies: a forward adds
+        into its embedded rows in place)."""
+        row = self._kept.get(index)
+        if row is None:
+            data = os.pread(self._fd, self.row_bytes, self.offset + index * self.row_bytes)
+            row = self._kept[index] = dequantize(self._raw(data, 1))[0]
+            if len(self._kept) > KEPT_ROWS:
+                self._kept.popitem(last=False)
+        else:
+            self._kept.move_to_end(index)
+        return row
 
     def all(self) -> torch.Tensor:
         """The whole weight bf16 [V, D], read and dequantized CHUNK_ROWS rows at a time."""
