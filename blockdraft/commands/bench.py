@@ -78,7 +78,8 @@ def run(args) -> int:
     with stderr.status("loading target and draft"):
         target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device,
                              weights=args.weights)
-        draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
+        draft = load_draft(args.draft, target, full_vocab=args.full_vocab, ngrams=not args.no_ngrams,
+                           context_window=window)
     if not getattr(draft, "trained", True):
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                      "(output is exact, acceptance is near 1)[/yellow]")
@@ -92,7 +93,8 @@ def run(args) -> int:
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),
                "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks},
-               "full_vocab": args.full_vocab, "proposal_vocab_size": _vocab_size(draft)}
+               "full_vocab": args.full_vocab, "proposal_vocab_size": _vocab_size(draft),
+               "ngram_contexts": len(getattr(draft, "ngrams", None) or ())}
     draft_folder = _draft_folder(args.draft)
     return report(target, draft, ids, settings, args.out, prompt_ids=[f"{p.set}:{p.id}" for p in prompts],
                   context=context, draft_folder=draft_folder, gguf=_target_gguf(args.target))

@@ -38,7 +38,7 @@ def run(args) -> int:
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device,
                              weights=args.weights)
-        draft = load_draft(args.draft, target, full_vocab=args.full_vocab)
+        draft = load_draft(args.draft, target, full_vocab=args.full_vocab, ngrams=not args.no_ngrams)
     if not getattr(target.tokenizer, "chat_template", None):
         raise BlockdraftError(f"target {target.name} has no chat template; use `blockdraft generate` instead")
     decoder = Decoder(target, draft, options, measure_costs=args.measure_costs)

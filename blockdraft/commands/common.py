@@ -35,6 +35,9 @@ def add_model_arguments(parser) -> None:
     add_compute_arguments(parser)
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
+    parser.add_argument("--no-ngrams", action="store_true",
+                        help="ignore the draft folder's blockdraft_ngrams.safetensors (guesses from its training "
+                             "answers where prompt lookup finds none)")
     parser.add_argument("--draft-window", type=int, default=None, metavar="W",
                         help="bound the draft's context memory: keep the latest W positions and the first "
                              "--draft-sinks (same output; acceptance may drop at contexts past W); default: all")

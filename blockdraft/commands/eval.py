@@ -50,7 +50,8 @@ def run(args) -> int:
     prepare(args)
     dtype = parse_dtype(args.dtype, args.device)
     target = load_target(args.target, dtype=dtype, device=args.device, weights=args.weights)
-    draft = load_draft(args.draft, target, full_vocab=args.full_vocab, context_window=window)
+    draft = load_draft(args.draft, target, full_vocab=args.full_vocab, ngrams=not args.no_ngrams,
+                       context_window=window)
     K = args.block_size if args.block_size is not None else draft.config.block_size
     dtype_name = str(dtype).removeprefix("torch.")
     shape = f"token trees of {K} nodes" if args.tree else f"K={K}"

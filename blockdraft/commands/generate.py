@@ -51,7 +51,8 @@ def run(args) -> int:
     dtype = parse_dtype(args.dtype, args.device)
     with console.status("loading target and draft"):
         target = load_target(args.target, dtype=dtype, device=args.device, weights=args.weights)
-        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab)
+        draft = None if args.baseline else load_draft(args.draft, target, full_vocab=args.full_vocab,
+                                                      ngrams=not args.no_ngrams)
     if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")

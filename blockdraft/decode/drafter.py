@@ -50,6 +50,7 @@ class Drafter:
         # it on the target's device once, so every request of a GPU server finds the same head (`.to` here copies
         # only when needed).
         self.vocab = None if draft.vocab is None else draft.vocab.to(target.device)
+        self.ngrams = draft.ngrams  # its n-gram table (ngrams.py), or None: guesses for prompt lookup's blanks
         self.active_ids: torch.Tensor | None = None  # [N'] this request's ids: the vocabulary's, then its prompts'
         self._extra_head = None  # `extra_head`, once built
         self.head = None  # rows [..., D] -> their logits over active_ids [..., N'] (packed like the target's)

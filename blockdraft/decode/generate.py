@@ -98,7 +98,7 @@ def stream(
     tree = tree and speculative
     if speculative and costs is None and (adaptive is True or lookup is True):
         costs = measured_costs(target, drafter, tree, len(prompts))
-    finder = make_lookup(K, lookup, costs) if speculative else None
+    finder = make_lookup(K, lookup, costs, getattr(drafter, "ngrams", None)) if speculative else None
     # Slots past the anchor's that a step may write: K, a lookup block's width, or a tree's nodes (up to 2K, and
     # a lookup run grafted onto them).
     looked = finder.width if finder is not None else 0
@@ -197,12 +197,12 @@ def generate(target, draft, prompts, *, max_new_tokens=256, block_size=None, sto
     return [GenerationResult(t, r, s) for t, r, s in zip(tokens, reasons, stats)]
 
 
-def make_lookup(block_size: int, lookup, costs: CostModel | None) -> PromptLookup | None:
-    """lookup: False (none), True (a fresh PromptLookup pricing its steps with `costs`), or a PromptLookup, used as
-    is."""
+def make_lookup(block_size: int, lookup, costs: CostModel | None, table=None) -> PromptLookup | None:
+    """lookup: False (none), True (a fresh PromptLookup pricing its steps with `costs`, with the draft's n-gram
+    `table` where it has one), or a PromptLookup, used as is."""
     if isinstance(lookup, PromptLookup):
         return lookup
-    return PromptLookup(block_size, costs) if lookup else None
+    return PromptLookup(block_size, costs, table=table) if lookup else None
 
 
 def make_proposer(drafter: Drafter | None, block_size: int, adaptive, lookup: PromptLookup | None, tree: bool,

@@ -29,7 +29,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import ngrams
 from .costs import CostModel
+from .ngrams import NgramTable
 from .policy import AdaptiveWidth, budgeted_interval
 
 
@@ -98,7 +100,7 @@ class PromptLookup:
 
     def __init__(self, block_size: int, costs: CostModel | None = None, *, policy=None, max_ngram: int = MAX_NGRAM,
                  min_ngram: int = 2, width: int | None = None, explore_every: int = 16,
-                 explore_budget: float = 0.02) -> None:
+                 explore_budget: float = 0.02, table: NgramTable | None = None) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.block_size = block_size
@@ -109,6 +111,11 @@ class PromptLookup:
         # Its blocks run no draft: priced as plain steps over more positions.
         self.policy = AdaptiveWidth(self.width, costs, drafts=False) if policy is None else policy
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.table = table  # the draft's n-gram table (ngrams.py): runs for rows the context has none for
+        # Table runs hit otherwise than copies of the context: their acceptance is learnt apart. `current` is the
+        # policy of the runs found last (the table's when every run came from it).
+        self.table_policy = AdaptiveWidth(self.width, costs, drafts=False) if table is not None and costs else None
+        self.current = self.policy
         self.steps = 0  # lookup steps taken (tree steps with a graft among them)
         self.explore_every, self.explore_budget = explore_every, explore_budget
         self.since_graft = 0  # tree steps that declined a graft since the last one
@@ -120,38 +127,79 @@ class PromptLookup:
         return found if found is not None and bool((found[1] > 0).all()) else None
 
     def runs(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None."""
-        return lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
+        """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None: each
+        row's continuation of an earlier occurrence in its context, else (with a `table`) the table's."""
+        found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
+        self.current = self.policy
+        if self.table is None:
+            return found
+        table_only = found is None
+        found = self._table_runs(found, tokens, lengths)
+        if table_only and found is not None and self.table_policy is not None:
+            self.current = self.table_policy
+        return found
+
+    def _table_runs(self, found, tokens: torch.Tensor, lengths: torch.Tensor):
+        """`found` with the table's continuation in each row that has no run (ngrams.py)."""
+        B, width = tokens.shape[0], self.width - 1
+        proposals, counts = (found[0].cpu().clone(), found[1].cpu().clone()) if found is not None else (
+            torch.zeros(B, width, dtype=torch.long), torch.zeros(B, dtype=torch.long))
+        rows, reach = tokens.cpu(), max(self.table.orders)
+        for b, (length, count) in enumerate(zip(lengths.tolist(), counts.tolist())):
+            if count:
+                continue
+            run = self.table.continuation(rows[b, max(length - reach, 0): length].tolist(), min(ngrams.RUN, width))
+            if run:
+                proposals[b, : len(run)] = torch.tensor(run)
+                proposals[b, len(run):] = run[-1]
+                counts[b] = len(run)
+        if not bool(counts.any()):
+            return None
+        return proposals.to(tokens.device), counts.to(tokens.device)
 
     def graft_length(self, draft_policy, width: int, available: int, rows: int = 1) -> int:
-        """How many looked-up tokens (0..available) to graft onto the draft's tree of `width` nodes over `rows`
-        rows (step.py).
+        """How many looked-up tokens (0..available) of the runs found last to graft onto the draft's tree of
+        `width` nodes over `rows` rows (step.py).
 
         Each grafted token costs one more verified position (`seconds_per_position` of the draft's policy) and
-        is counted as adding the tokens the lookup gets accepted on its own (its policy's E, from grafted runs;
-        an overestimate where the two agree, when the run merges into the tree at no cost):
+        is counted as adding the tokens the lookup gets accepted on its own (the E of the runs' source, from its
+        grafted runs; an overestimate where the two agree, when the run merges into the tree at no cost):
 
             m* = argmax_m (E_tree(width) + E_lookup(m + 1) - 1) / (t_tree(width) + m * c)
 
         A run grafted onto a plain step (width 1) of one row is verified without the draft, at t(1) + m * c; in
         a batch the rows are filled up with draft nodes (step.py), so it costs a drafted step of 1 + m nodes.
-        A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step without a graft, so that a lookup that starts to hit is noticed, or
-        less often where that re-measurement would cost more than `explore_budget` of the decode time.
+        A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step
+        without a graft, so that a lookup that starts to hit is noticed, or less often where that re-measurement
+        would cost more than `explore_budget` of the decode time.
         """
+        return self._length(self.current, draft_policy, width, available, rows)
+
+    def policies(self) -> tuple:
+        """The lookup's width policies: prompt runs', and the table runs' where it has a table."""
+        return (self.policy,) if self.table_policy is None else (self.policy, self.table_policy)
+
+    def may_graft(self, draft_policy, width: int, rows: int = 1) -> bool:
+        """Whether some source's full-length run would be grafted (asked before searching: a lookup over every
+        row's context costs a few percent of a batched plain step)."""
+        return any(self._length(policy, draft_policy, width, self.width - 1, rows) > 0 for policy in self.policies())
+
+    def _length(self, policy, draft_policy, width: int, available: int, rows: int) -> int:
         whole = min(available, self.width - 1)
-        if not isinstance(draft_policy, AdaptiveWidth):  # a fixed width cannot price a graft
-            return whole
+        if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(policy, AdaptiveWidth):
+            return whole  # a fixed width cannot price a graft
         # The choice changes only with either policy's counts: a decode asks the same question at most steps.
-        key = (draft_policy, draft_policy.version, self.policy.version, width, available, rows, self.explore_every,
-               self.explore_budget)
+        key = (draft_policy, draft_policy.version, policy, policy.version, width, available, rows,
+               self.explore_every, self.explore_budget)
         if key not in self._planned:
             if len(self._planned) > 256:
                 self._planned.clear()
-            self._planned[key] = self._plan_graft(draft_policy, width, available, rows, whole)
+            self._planned[key] = self._plan_graft(policy, draft_policy, width, available, rows, whole)
         best, interval = self._planned[key]
         return whole if self.since_graft >= interval else best
 
-    def _plan_graft(self, draft_policy, width: int, available: int, rows: int, whole: int) -> tuple[int, float]:
+    def _plan_graft(self, policy, draft_policy, width: int, available: int, rows: int,
+                    whole: int) -> tuple[int, float]:
         """(the graft length with the most expected tokens per second, steps between whole-run re-tries)."""
         cost = draft_policy.seconds_per_position()
         drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
@@ -161,12 +209,12 @@ class PromptLookup:
         def step_time(m: int) -> float:
             return draft_policy.step_seconds(1) if drafted and m == 0 else seconds + m * cost
 
-        tree_gain, gain = float(draft_policy.gains()[width - 1]), self.policy.gains()  # gain[m]: E(m + 1)
+        tree_gain, gain = float(draft_policy.gains()[width - 1]), policy.gains()  # gain[m]: E(m + 1)
 
         def tokens(m: int) -> float:
             return tree_gain + float(gain[m]) - 1
 
-        lengths = sorted({0} | {min(w - 1, available) for w in self.policy.widths})
+        lengths = sorted({0} | {min(w - 1, available) for w in policy.widths})
         best = max(lengths, key=lambda m: tokens(m) / step_time(m))
         # Seconds a whole-run graft loses against the best length producing the same expected tokens.
         lost = step_time(whole) - tokens(whole) / tokens(best) * step_time(best)
@@ -176,12 +224,12 @@ class PromptLookup:
         """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""
         self.since_graft = 0 if graft else self.since_graft + 1
         if graft:
-            self.policy.record(graft + 1, accepted)
+            self.current.record(graft + 1, accepted)
             self.steps += 1
 
     def preferred_over(self, draft_policy) -> bool:
         """Whether a lookup step is expected to commit tokens at least as fast as the draft's policy would; a
         fixed-width draft policy cannot say, and leaves the lookup preferred (a match is the stronger signal)."""
-        if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(self.policy, AdaptiveWidth):
+        if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(self.current, AdaptiveWidth):
             return True
-        return self.policy.best_rate() >= draft_policy.best_rate()
+        return self.current.best_rate() >= draft_policy.best_rate()

@@ -73,12 +73,11 @@ class ChainProposer:
 
     def propose(self, state: DecodeState, selector: Selector) -> Proposal:
         anchors, s = state.anchors()  # [B], [B]
-        for policy in (self.policy, self.lookup.policy if self.lookup is not None else None):
-            if policy is not None:
-                policy.at_batch(anchors.shape[0])
+        for policy in (self.policy, *(self.lookup.policies() if self.lookup is not None else ())):
+            policy.at_batch(anchors.shape[0])
         found = self.lookup.propose(state.tokens, state.lengths) if self.lookup is not None else None
         looked = found is not None and self.lookup.preferred_over(self.policy)
-        self.chooser = self.lookup.policy if looked else self.policy
+        self.chooser = self.lookup.current if looked else self.policy
         width = self.chooser.choose()
         if width == 1:  # a plain step: the draft's pending positions wait for the next drafted step
             return chain(anchors, anchors.new_zeros(anchors.shape[0], 0), None, drafted=False)
@@ -110,9 +109,8 @@ class TreeProposer:
     def propose(self, state: DecodeState, selector: Selector) -> Proposal:
         anchors, s = state.anchors()  # [B], [B]
         B = anchors.shape[0]
-        for policy in (self.policy, self.lookup.policy if self.lookup is not None else None):
-            if policy is not None:
-                policy.at_batch(B)
+        for policy in (self.policy, *(self.lookup.policies() if self.lookup is not None else ())):
+            policy.at_batch(B)
         width = self.policy.choose()
         found, graft = self._graft_runs(state, width) if self.lookup is not None else (None, 0)
         self.size, self.graft = 1, graft
@@ -144,7 +142,7 @@ class TreeProposer:
         every row had a full-length run (a lookup over every row's context costs a few percent of a batched
         plain step)."""
         lookup, rows = self.lookup, state.lengths.shape[0]
-        if lookup.graft_length(self.policy, width, lookup.width - 1, rows=rows) == 0:
+        if not lookup.may_graft(self.policy, width, rows=rows):
             lookup.observe_graft(0, [])
             return None, 0
         found = lookup.runs(state.tokens, state.lengths)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import DraftConfig, check_against_target, choose_mask_token_id
+from ..decode.ngrams import NgramTable, read_table
 from ..decode.vocab import read_vocab
 from ..decode.window import ContextWindow
 from ..errors import InputError
@@ -27,13 +28,14 @@ DEFAULT_DRAFT = SHIPPED_DRAFTS / "smollm2-135m-instruct"
 class LoadedDraft:
     """A draft ready to decode with: its module (on the target's device and dtype), whether it was trained (an
     untrained draft keeps the output exact, only acceptance is poor), its proposal vocabulary (decode/vocab.py:
-    ids [N'] it may propose, None for all), and its context window (decode/window.py: None keeps every
-    position)."""
+    ids [N'] it may propose, None for all), its context window (decode/window.py: None keeps every
+    position) and its n-gram table (decode/ngrams.py: None for none)."""
 
     module: DFlashDraftModel
     trained: bool = True
     vocab: torch.Tensor | None = None
     window: ContextWindow | None = None
+    ngrams: NgramTable | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.module, DFlashDraftModel):
@@ -51,12 +53,14 @@ class LoadedDraft:
 
 def load_draft(path: str | Path | None = None, target: Target | None = None, *, strict: bool = False,
                allow_last_layer: bool = False, full_vocab: bool = False,
-               context_window: ContextWindow | None = None) -> LoadedDraft:
+               context_window: ContextWindow | None = None, ngrams: bool = True) -> LoadedDraft:
     """Load a draft folder (docs/format.md), validated against `target` when given; None loads the shipped one.
 
     A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
     still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and
-    latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all."""
+    latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all. A
+    `blockdraft_ngrams.safetensors` beside them adds guesses from the n-gram table of the draft's training answers
+    to prompt lookup (decode/ngrams.py: no model cost, still exact); `ngrams=False` ignores it."""
     if context_window is not None and not isinstance(context_window, ContextWindow):
         raise InputError(f"`context_window` must be a ContextWindow(window, sinks) or None, got {context_window!r}")
     folder = Path(path) if path is not None else DEFAULT_DRAFT
@@ -73,7 +77,8 @@ def load_draft(path: str | Path | None = None, target: Target | None = None, *, 
     module.load_state_dict(tensors, strict=True)
     vocab_size = target.lm_head.weight.shape[0] if target is not None else cfg.vocab_size
     vocab = None if full_vocab else read_vocab(folder, vocab_size)
-    return place(LoadedDraft(module, True, vocab, context_window), target)
+    table = read_table(folder, vocab_size) if ngrams else None
+    return place(LoadedDraft(module, True, vocab, context_window, table), target)
 
 
 def untrained_draft(target: Target, num_layers: int = 2, block_size: int = 8, seed: int = 0) -> LoadedDraft:
