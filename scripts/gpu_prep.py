@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shlex
 import shutil
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def print_plan(run_options: list[str], options, seconds: float) -> int:
         return 2
     n = len(folders)
     final = (f"bash scripts/gpu_train.sh part {n} && bash scripts/gpu_train.sh run --out \"$OUT\" "
-             + " ".join(run_options)).strip()
+             + shlex.join(run_options)).strip()  # quoted as given: --train-extra "..." stays one argument
     calls = [(f"bash scripts/gpu_train.sh part {i}", [f".gpu_{i}"], 60) for i in range(1, n)]
     calls.append((final, [f".gpu_{n}", ".whl", *[p for p in (".gpudata",) if (REPO / p).is_dir()]],
                   int(seconds + 30)))
