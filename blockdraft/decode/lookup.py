@@ -129,22 +129,26 @@ class PromptLookup:
     def runs(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None: each
         row's continuation of an earlier occurrence in its context, else (with a `table`) the table's."""
-        found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
         self.current = self.policy
         if self.table is None:
-            return found
+            return lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
+        rows, lengths = tokens.cpu(), lengths.cpu()  # once: both sources read the rows on the CPU
+        found = lookup_block(rows, lengths, self.width - 1, self.max_ngram, self.min_ngram)
         table_only = found is None
-        found = self._table_runs(found, tokens, lengths)
-        if table_only and found is not None and self.table_policy is not None:
+        found = self._table_runs(found, rows, lengths)
+        if found is None:
+            return None
+        if table_only and self.table_policy is not None:
             self.current = self.table_policy
-        return found
+        return found[0].to(tokens.device), found[1].to(tokens.device)
 
-    def _table_runs(self, found, tokens: torch.Tensor, lengths: torch.Tensor):
-        """`found` with the table's continuation in each row that has no run (ngrams.py)."""
-        B, width = tokens.shape[0], self.width - 1
-        proposals, counts = (found[0].cpu().clone(), found[1].cpu().clone()) if found is not None else (
+    def _table_runs(self, found, rows: torch.Tensor, lengths: torch.Tensor):
+        """`found` (or nothing) with the table's continuation in each row that has no run (ngrams.py), on the CPU:
+        rows [B, C] and lengths [B] are there."""
+        B, width = rows.shape[0], self.width - 1
+        proposals, counts = (found[0].clone(), found[1].clone()) if found is not None else (
             torch.zeros(B, width, dtype=torch.long), torch.zeros(B, dtype=torch.long))
-        rows, reach = tokens.cpu(), max(self.table.orders)
+        reach = max(self.table.orders)
         for b, (length, count) in enumerate(zip(lengths.tolist(), counts.tolist())):
             if count:
                 continue
@@ -153,9 +157,7 @@ class PromptLookup:
                 proposals[b, : len(run)] = torch.tensor(run)
                 proposals[b, len(run):] = run[-1]
                 counts[b] = len(run)
-        if not bool(counts.any()):
-            return None
-        return proposals.to(tokens.device), counts.to(tokens.device)
+        return (proposals, counts) if bool(counts.any()) else None
 
     def graft_length(self, draft_policy, width: int, available: int, rows: int = 1) -> int:
         """How many looked-up tokens (0..available) of the runs found last to graft onto the draft's tree of
