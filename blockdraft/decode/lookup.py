@@ -21,6 +21,9 @@ with the cost model (costs.py); a lookup step is taken when every live row has a
 draft's. A lookup step does not run the draft: like a plain step, it leaves the draft's pending context for
 the next drafted step.
 
+Where a row's context holds no earlier occurrence, a draft's n-gram table (ngrams.py) may supply the run: what the
+target wrote after that context in its training answers. Its acceptance is learnt by a policy of its own.
+
 Shapes: B live rows, C token capacity, n proposals.
 """
 
@@ -29,9 +32,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import ngrams
 from .costs import CostModel
-from .ngrams import NgramTable
+from .ngrams import RUN as TABLE_RUN, NgramTable
 from .policy import AdaptiveWidth, budgeted_interval
 
 
@@ -152,7 +154,7 @@ class PromptLookup:
         for b, (length, count) in enumerate(zip(lengths.tolist(), counts.tolist())):
             if count:
                 continue
-            run = self.table.continuation(rows[b, max(length - reach, 0): length].tolist(), min(ngrams.RUN, width))
+            run = self.table.continuation(rows[b, max(length - reach, 0): length].tolist(), min(TABLE_RUN, width))
             if run:
                 proposals[b, : len(run)] = torch.tensor(run)
                 proposals[b, len(run):] = run[-1]
