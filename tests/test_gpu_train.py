@@ -188,6 +188,15 @@ def test_the_plan_names_every_call_with_its_carry_and_a_timeout_that_fits(monkey
     assert '".gpu_3", ".whl"' in lines[2] and "timeout_s=485" in lines[2], "60 + 90 + 100 + 45 + 50 + 110, + 30"
 
 
+def test_the_plan_keeps_an_option_value_with_spaces_one_argument(monkeypatch, capsys):
+    """The printed command is pasted into the device call: --train-extra's value must stay quoted."""
+    monkeypatch.setattr(gpu_prep, "gpu_folders", lambda: [REPO / f".gpu_{i}" for i in (1, 2)])
+    monkeypatch.chdir(REPO)
+    assert gpu_train.main(["plan", "--train-seconds", "100", "--train-extra", "--lr 3e-4 --anchors 96"]) == 0
+    last = [line for line in capsys.readouterr().out.splitlines() if line.startswith("call ")][-1]
+    assert "--train-extra '--lr 3e-4 --anchors 96'" in last
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Dry run on CPU, on the embedded target: the device's calls, with budgets of seconds
 
