@@ -145,20 +145,17 @@ def write_table(table: NgramTable, folder: str | Path, vocab_size: int) -> Path:
 
 def read_table(folder: str | Path, vocab_size: int) -> NgramTable | None:
     """The table beside a draft's weights, or None when there is none; a damaged or mismatched one is refused."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors import SafetensorError, safe_open
 
     path = Path(folder) / NGRAMS_FILE
     if not path.is_file():
         return None
-    fix = (f"rebuild it (`blockdraft ngrams --data FOLDER --out {Path(folder)}`), delete it, or load the draft with "
+    fix = (f"rebuild it (`blockdraft ngrams {Path(folder)} --data DATA`), delete it, or load the draft with "
            "--no-ngrams")
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), "np") as f:
+        with safe_open(str(path), "np") as f:  # one read: the metadata and the tensors
             meta = f.metadata() or {}
-        arrays = load_file(str(path))
+            arrays = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors file ({error}); {fix}") from None
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
