@@ -4,7 +4,11 @@ Public API: load_target, load_draft, generate, Completion, DraftConfig, Sampling
 on first use, so `import blockdraft.<module>` stays light.
 """
 
+from . import cpu_switch
+
 __version__ = "0.1.0"
+
+cpu_switch.apply()  # $BLOCKDRAFT_CPU caps torch's kernels before any of them runs
 
 _PUBLIC = {
     "load_target": "blockdraft.io.targets",

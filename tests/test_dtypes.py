@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from blockdraft.errors import ConfigError
-from blockdraft.io import targets
 from blockdraft.io.targets import parse_dtype
+from blockdraft.model import kernels
 
 
 def test_named_dtypes():
@@ -18,12 +18,14 @@ def test_named_dtypes():
 
 @pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_auto_on_cpu_follows_native_bf16(monkeypatch, native, expected):
-    monkeypatch.setattr(targets, "cpu_has_native_bf16", lambda: native)
+    paths = kernels.CpuPaths("test", True, native_bf16=native, packed_bf16=native, int4=True)
+    monkeypatch.setattr(kernels, "cpu_paths", lambda: paths)
     assert parse_dtype("auto", "cpu") is expected
 
 
 def test_auto_on_an_accelerator_is_bf16(monkeypatch):
-    monkeypatch.setattr(targets, "cpu_has_native_bf16", lambda: False)
+    paths = kernels.CpuPaths("test", True, native_bf16=False, packed_bf16=False, int4=True)
+    monkeypatch.setattr(kernels, "cpu_paths", lambda: paths)
     assert parse_dtype("auto", "cuda:0") is torch.bfloat16
 
 

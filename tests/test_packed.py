@@ -9,10 +9,8 @@ import torch.nn.functional as F
 from blockdraft.model.packed import PackedLinear, pack_linear, packing_supported
 from blockdraft.model.target import Target
 
-from conftest import VOCAB, tiny_target
+from conftest import VOCAB, needs_packing, tiny_target
 
-needs_packing = pytest.mark.skipif(not packing_supported(torch.zeros(1, 1, dtype=torch.bfloat16)),
-                                   reason="this torch build has no oneDNN packed linear")
 
 
 @needs_packing
@@ -114,7 +112,7 @@ def test_a_packed_draft_keeps_its_keys_and_its_outputs():
     assert torch.equal(packed.project_context(features.float()), plain.float().project_context(features.float()))
 
 
-@pytest.mark.skipif(not packing_supported(torch.zeros(1, dtype=torch.bfloat16)), reason="no packed bf16 here")
+@needs_packing
 @pytest.mark.parametrize("shape", [(576, 1536), (3072, 576), (960, 576)])  # SmolLM2's down, gate_up and qkv
 def test_a_single_row_is_multiplied_as_a_row_of_a_block(shape):
     # oneDNN may take another kernel for one row, summing in another order: a 1536-input product rounded 1 row in

@@ -15,7 +15,7 @@ from blockdraft.errors import CheckpointError
 from blockdraft.model import q8
 from blockdraft.model.packed import PackedLinear
 
-from conftest import needs_smollm2
+from conftest import needs_packing, needs_smollm2
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 
@@ -70,6 +70,7 @@ def test_ids_outside_the_rows_and_a_file_cut_short_are_refused(tmp_path):
         rows.rows(torch.tensor([50]))
 
 
+@needs_packing
 def test_the_packed_head_keeps_no_plain_copy_and_multiplies_as_a_plain_heads_would(tmp_path):
     rows = q8.read_q8_rows(write_gguf(tmp_path / "m.gguf")[0])
     head, plain = q8.PackedQ8(rows), PackedLinear(rows.all())
@@ -99,6 +100,7 @@ def int4_targets():
     return with_rows, with_weight
 
 
+@needs_packing
 @needs_smollm2
 def test_an_int4_target_holds_no_bf16_embedding(int4_targets):
     with_rows, with_weight = int4_targets
@@ -108,6 +110,7 @@ def test_an_int4_target_holds_no_bf16_embedding(int4_targets):
     assert (with_rows.dtype, with_rows.device) == (torch.bfloat16, torch.device("cpu"))
 
 
+@needs_packing
 @needs_smollm2
 @torch.no_grad()
 def test_an_int4_target_over_the_files_rows_computes_what_it_did_over_the_weight(int4_targets):
@@ -127,6 +130,7 @@ def test_an_int4_target_over_the_files_rows_computes_what_it_did_over_the_weight
     assert torch.equal(hf[0], hf[1])
 
 
+@needs_packing
 @needs_smollm2
 def test_an_int4_target_over_the_files_rows_decodes_the_same_tokens(int4_targets):
     from blockdraft.api import encode
@@ -137,6 +141,7 @@ def test_an_int4_target_over_the_files_rows_decodes_the_same_tokens(int4_targets
     assert tokens[0] == tokens[1] and len(tokens[0]) > 0
 
 
+@needs_packing
 @needs_smollm2
 def test_rows_that_are_not_the_loaded_weights_bits_leave_the_weight_in_place():
     from blockdraft.io import targets
@@ -154,6 +159,7 @@ def test_rows_that_are_not_the_loaded_weights_bits_leave_the_weight_in_place():
     assert not target.embed_tokens.weight.is_meta and target._rows is None
 
 
+@needs_packing
 @needs_smollm2
 def test_an_int4_target_never_reads_the_embedding_its_file_serves(monkeypatch):
     from blockdraft.io import targets

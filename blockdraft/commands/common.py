@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 from ..errors import InputError
@@ -29,9 +30,10 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--draft", default=None, help="draft checkpoint folder (default: the shipped draft)")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPUs and on CPUs with native bf16, "
                         "else float32), bfloat16, float32 (exact), float16")
-    parser.add_argument("--weights", default=None, choices=["q4", "bf16", "fp32"],
+    parser.add_argument("--weights", default="auto", choices=["auto", "q4", "bf16", "fp32"],
                         help="the target's weights: q4 runs the embedded target's GGUF blocks as int4 on CPU (bf16 "
-                             "activations); bf16 and fp32 as --dtype (default: --dtype decides)")
+                             "activations); bf16 and fp32 as --dtype; auto: q4 for the embedded target on a CPU with "
+                             "native bf16 when --dtype is auto, else --dtype decides")
     add_compute_arguments(parser)
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
@@ -69,14 +71,29 @@ def prepare(args) -> None:
     checks that would otherwise fail only after the model load (a missing draft or target folder, a hub id that
     cannot be reached)."""
     set_compute(args)
-    if getattr(args, "weights", None) is not None:  # --dtype follows --weights; a conflict is refused here
-        from ..io.targets import weights_dtype
+    if hasattr(args, "weights"):  # --dtype follows --weights; a conflict (or q4 on a CPU without it) is refused here
+        from ..io.targets import resolve_weights, weights_dtype
 
+        args.weights = resolve_weights(args.weights, args.dtype, args.target, args.device)
         args.dtype = weights_dtype(args.weights, args.dtype, args.target, args.device)
+    if hasattr(args, "dtype"):
+        note_bf16(args.dtype, args.device)
     if getattr(args, "draft", None) is not None:
         check_draft_folder(args.draft)
     if getattr(args, "target", None) is not None:
         check_target(args.target)
+
+
+def note_bf16(dtype, device) -> None:
+    """One line on stderr where bf16 runs emulated (a CPU without native bf16 products): slower, still correct."""
+    import torch
+
+    from ..io.targets import parse_dtype
+    from ..model.kernels import check_bf16_note
+
+    note = check_bf16_note(parse_dtype(dtype, device), torch.device(device))
+    if note:
+        print(note, file=sys.stderr)
 
 
 def check_draft_folder(path) -> None:

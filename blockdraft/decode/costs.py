@@ -6,8 +6,10 @@ widths chosen from wall-clock times would make the same request give different t
 (docs/design.md §14). Instead a `CostModel` is measured once, from a few fixed-width steps per width and
 batch-size bucket before the first decode that needs them (`measure_costs`), and kept for the process and on
 disk (`cache_root()/costs`, one JSON file per key), keyed by the target, the draft, dtype, device, threads and
-torch version: the same request then chooses the same widths in every run on that machine. Delete the file (or
-the folder) to measure again, e.g. after a run on a busy machine. Tests and callers may pass a model of their
+torch version: the same request then chooses the same widths in every run on that machine. Each width is priced
+by its fastest step, which other jobs on the machine cannot make look slower; a cache read from disk is checked
+against a few plain steps timed at load and, where it no longer fits, a warning says so (`stale_cache_note`).
+`--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model of their
 own (`linear_costs`).
 
 Step times depend on how many rows a step decodes, so every table is kept per batch-size bucket (1, 2, 4, 8,
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 from ..hardware import cpu_name
 
 ROUNDS = 3  # every width is timed once per round, the rounds one after another (see measure_costs)
-STEPS_PER_ROUND = 3  # timed steps of each width per round (after WARM_STEPS untimed ones); the median counts
+STEPS_PER_ROUND = 3  # timed steps of each width per round (after WARM_STEPS untimed ones); the fastest counts
 WARM_STEPS = 2  # a first step of a shape pays one-off costs (allocation, kernel selection)
 PROMPT_LENGTH = 64  # positions of the synthetic prompt the steps are timed on
 
@@ -123,18 +124,22 @@ def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 
 def measure_costs(decode_steps, widths: list[int], buckets: list[int]) -> CostModel:
     """Time the steps of each width in each bucket: `decode_steps(rows, width, steps)` decodes `rows` rows at a
     fixed width for `steps` steps and returns the seconds of each step. Each of `ROUNDS` rounds times every width
-    for `STEPS_PER_ROUND` steps after `WARM_STEPS` untimed ones; the median over the rounds counts. Interleaving
-    the widths spreads a slow spell of the machine (another process, an interrupt) over all of them instead of
-    letting it price one width alone: the policy compares widths, so their ratios are what must hold."""
+    for `STEPS_PER_ROUND` steps after `WARM_STEPS` untimed ones; the fastest step over the rounds counts.
+
+    Other work on the machine only ever makes a step slower, so the fastest of several is the statistic it cannot
+    inflate: a median taken while other jobs ran priced some widths at their slow spells, and the cache then made
+    the default mode 0.94x the target alone on the quiet machine, where a fresh measurement gave 1.14x.
+    Interleaving the widths gives each of them a chance at the machine's quiet moments: the policy compares
+    widths, so their ratios are what must hold."""
     model = CostModel()
     for bucket in buckets:
         times: dict[int, list[float]] = {width: [] for width in widths}
         for _ in range(ROUNDS):
             for width in widths:
                 times[width] += decode_steps(bucket, width, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
-        medians = {width: statistics.median(seconds) if seconds else 0.0 for width, seconds in times.items()}
-        model.plain[bucket] = medians.pop(1)
-        model.drafted[bucket] = medians
+        fastest = {width: min(seconds) if seconds else 0.0 for width, seconds in times.items()}
+        model.plain[bucket] = fastest.pop(1)
+        model.drafted[bucket] = fastest
     return model
 
 
@@ -175,9 +180,24 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      forward="lean layers, paired single rows, lean plain steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
-                     block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
+                     block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND, statistic="min",
                      prompt=PROMPT_LENGTH)
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
+
+
+# A cached plain step this many times slower than one timed now was measured on a busier machine (or another one).
+STALE_RATIO = 1.5
+
+
+def stale_cache_note(cached_plain: float, probe: list[float]) -> str | None:
+    """A line saying the cached costs no longer fit this machine when its plain step `cached_plain` is STALE_RATIO
+    times the fastest of `probe` (plain steps timed now), else None. A cache is never replaced on a timing: the
+    same request keeps giving the same text until the user measures again."""
+    now = min(probe)
+    if cached_plain <= STALE_RATIO * now:
+        return None
+    return (f"the cached step costs price a plain step at {cached_plain * 1e3:.1f} ms, but it takes {now * 1e3:.1f} "
+            "ms now (measured on a busier machine?): speculation may be priced wrong; run once with --measure-costs")
 
 
 def read_cached(folder: Path, key: str) -> CostModel | None:

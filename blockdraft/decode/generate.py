@@ -8,6 +8,7 @@ exactness oracle and the speed baseline.
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -23,8 +24,8 @@ from ..model.target import Target
 from .drafter import Drafter
 from .lookup import PromptLookup
 from ..io.targets import cache_root
-from .costs import (PROMPT_LENGTH, CostModel, Stopwatch, batch_bucket, cost_key, linear_costs, measure_costs,
-                    read_cached, write_cached)
+from .costs import (PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopwatch, batch_bucket, cost_key,
+                    linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
 from .policy import candidate_widths, make_policy
 from .proposers import ChainProposer, TargetAlone, TreeProposer
 from .requests import check_request, check_stream_options, stop_ids
@@ -235,7 +236,10 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     buckets = [1 << i for i in range(batch_bucket(rows).bit_length())]  # 1, 2, 4, ... up to rows' bucket
     folder = cache_root() / "costs"
     if key_on_disk is not None and not set(buckets) <= model.buckets():
-        model.update(read_cached(folder, key_on_disk) or CostModel())
+        cached = read_cached(folder, key_on_disk)
+        if cached is not None and 1 in cached.plain:
+            _check_cached(cached.plain[1], target, drafter, tree)
+        model.update(cached or CostModel())
     missing = [b for b in buckets if b not in model.buckets()]
     if missing:
         K = drafter.block_size
@@ -244,6 +248,14 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
         if key is not None:
             write_cached(folder, key, model)
     return model
+
+
+def _check_cached(cached_plain: float, target: Target, drafter: Drafter, tree: bool) -> None:
+    """Warn where a plain step of the cache is far slower than a few timed now (costs.stale_cache_note)."""
+    probe = _timed_steps(target, drafter, tree, 1, 1, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+    note = stale_cache_note(cached_plain, probe) if probe else None
+    if note:
+        warnings.warn(note, stacklevel=4)
 
 
 _COSTS: dict = {}  # cost models measured or read in this process, by cost key

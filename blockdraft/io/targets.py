@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..model import kernels
 from ..model.q4 import open_gguf
 from ..model.q8 import Q8Rows, read_q8_rows, rows_can_serve
 from ..model.target import Target
@@ -88,12 +89,7 @@ def auto_dtype(device: str | torch.device) -> torch.dtype:
     """
     if torch.device(device).type != "cpu":
         return torch.bfloat16
-    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-
-
-def cpu_has_native_bf16() -> bool:
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(check() for check in checks if check is not None)
+    return torch.bfloat16 if kernels.cpu_paths().native_bf16 else torch.float32
 
 
 def cache_root() -> Path:
@@ -196,14 +192,16 @@ def _quiet_if_local(source: str):
 
 
 def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_remote_code=False,
-                weights: str | None = None) -> Target:
+                weights: str | None = "auto") -> Target:
     """Load a target by name: None or 'smollm2-135m-instruct' (embedded), a local HF folder, or a hub id.
 
-    `weights`: None (as `dtype` says), "bf16", "fp32", or "q4": the embedded GGUF's own Q4_1 blocks as int4
-    weights on CPU, with bf16 activations (model/q4.py); the head (Q8_0 in that file) stays bf16."""
+    `weights`: "auto" (q4 where it pays, `resolve_weights`), None (as `dtype` says), "bf16", "fp32", or "q4": the
+    embedded GGUF's own Q4_1 blocks as int4 weights on CPU, with bf16 activations (model/q4.py); the head (Q8_0 in
+    that file) stays bf16."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     parse_device(device)  # a missing GPU is named before minutes of loading
+    weights = resolve_weights(weights, dtype, name, device)
     torch_dtype = parse_dtype(weights_dtype(weights, dtype, name, device), device)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
     quantized = embedding = None
@@ -272,8 +270,21 @@ def load_embedded_model(folder: Path, torch_dtype: torch.dtype, skip_projections
 WEIGHTS = {"bf16": "bfloat16", "fp32": "float32", "q4": "bfloat16"}  # --weights -> the dtype of what stays float
 
 
+def resolve_weights(weights: str | None, dtype, name: str | None, device) -> str | None:
+    """The weights "auto" means: q4 for the embedded target on a CPU where it pays (native bf16 and the int4
+    kernel, model/kernels.py) when no dtype is asked for; else None, the float path `dtype` decides. A rule of the
+    CPU's features, never a timing, so the same request gives the same text on every machine of a class. Any
+    other value is returned as it is."""
+    if weights != "auto":
+        return weights
+    embedded_cpu = name in (None, EMBEDDED_TARGET) and device_of(device).type == "cpu"
+    return "q4" if embedded_cpu and dtype == "auto" and kernels.cpu_paths().q4_pays else None
+
+
 def weights_dtype(weights: str | None, dtype, name: str | None, device) -> str | torch.dtype:
-    """The dtype a `weights` choice loads the model in; `dtype` itself when `weights` is None."""
+    """The dtype a `weights` choice loads the model in; `dtype` itself when `weights` is None (or "auto" resolves
+    to the float path)."""
+    weights = resolve_weights(weights, dtype, name, device)
     if weights is None:
         return dtype
     if weights not in WEIGHTS:
@@ -285,6 +296,8 @@ def weights_dtype(weights: str | None, dtype, name: str | None, device) -> str |
     if weights == "q4" and (name not in (None, EMBEDDED_TARGET) or device_of(device).type != "cpu"):
         raise ConfigError(f"--weights q4 runs the embedded target's GGUF on CPU, got target {name!r} on {device}; "
                           f"leave --target out and use --device cpu, or use --weights bf16")
+    if weights == "q4":
+        kernels.require_int4()
     return wanted
 
 

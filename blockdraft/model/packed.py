@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .layers import linear_rows
 
 # The packing hint: the row count the layout is tuned for. Decode steps run 1 to K rows; a layout packed for
@@ -30,14 +31,9 @@ PACK_ROWS = 8
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """Whether `weight` [N, D] can be packed: a bf16 CPU tensor, with oneDNN's packed linear in this torch."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    """Whether `weight` [N, D] can be packed: a bf16 CPU tensor, on a CPU where oneDNN's packed bf16 linear runs
+    (kernels.py; an AVX2 CPU lacks it)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and kernels.cpu_paths().packed_bf16
 
 
 def fits_in_memory(nbytes: int, share: float = 0.25) -> bool:

@@ -1,0 +1,119 @@
+"""The CPU fast paths this machine takes: decided once, from what its CPU can do, before any weight is loaded.
+
+Every fast path has a fallback that computes the same function over the same weights, so a CPU without one runs
+slower, never wrongly and never into a kernel's traceback:
+
+| path | runs where | else |
+|---|---|---|
+| oneDNN packed bf16 linears (packed.py) | AVX512 BW/VL/DQ or AVX-NE-CONVERT | `F.linear` over the same bf16 weights |
+| bf16 as the automatic dtype (io/targets.py) | native bf16 products: AVX512-BF16 or AMX | float32 |
+| int4 products of `--weights q4` (q4.py) | torch's CPU int4 kernel | `--weights q4` refused before loading |
+| the TorchScript layer loop (scripted.py) | with the int4 products | the Python layer loop (target.py) |
+| `--weights auto` picks q4 | native bf16 and the int4 kernel | the float path of `--dtype auto` |
+
+Each kernel is asked once, on a tiny product, whether it runs here: a CPU that lacks a feature (an AVX2 server,
+an ARM machine) raises from the kernel, and is told apart by that alone, whatever its name. The answers are kept
+for the process: a decode never chooses a kernel per step. $BLOCKDRAFT_CPU (cpu_switch.py) takes paths away as a
+CPU of another class would lack them, so tests run every class's paths on one machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from .. import cpu_switch
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    """Which fast paths this CPU takes (see the module's table)."""
+
+    cpu_class: str  # "avx512-bf16", "avx512", "avx2", or torch's name for the ISA it dispatches to
+    switched: bool  # $BLOCKDRAFT_CPU chose the class, not this machine
+    native_bf16: bool  # bf16 products run in hardware: bf16 is fast
+    packed_bf16: bool  # oneDNN's packed bf16 linear runs
+    int4: bool  # torch's CPU int4 product runs
+
+    @property
+    def q4_pays(self) -> bool:
+        """Whether `--weights auto` takes q4 on the embedded target: its bf16 activations are native here. On an AVX2
+        CPU the int4 kernel with bf16 activations measured no faster than float32 products (206 against 202 us
+        for a 1536x576 product at one row, 1 thread), and float32 gives the target's own tokens."""
+        return self.native_bf16 and self.int4
+
+    def describe(self) -> str:
+        switched = f" (${cpu_switch.ENV})" if self.switched else ""
+        return f"{self.cpu_class}{switched}, {'native' if self.native_bf16 else 'no native'} bf16"
+
+
+@cache
+def cpu_paths() -> CpuPaths:
+    """This machine's paths, or those of the class $BLOCKDRAFT_CPU names (asked once per process)."""
+    try:
+        switched = cpu_switch.requested()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    native = _native_bf16()
+    detected = "avx512-bf16" if native else _isa_name()
+    if switched is None:
+        return CpuPaths(detected, False, native, _packed_bf16_runs(), _int4_runs())
+    # A class only takes features away; with the kernels capped (cpu_switch.apply) the probes answer as there.
+    native = native and cpu_switch.CLASSES[switched][2]
+    packed = _packed_bf16_runs() and switched != "avx2"  # oneDNN's bf16 packing needs AVX512 BW/VL/DQ
+    return CpuPaths(switched, True, native, packed, _int4_runs())
+
+
+def check_bf16_note(dtype: torch.dtype, device: torch.device) -> str | None:
+    """One line for a bf16 run on a CPU without native bf16 products (it runs, slower); None otherwise."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or cpu_paths().native_bf16:
+        return None
+    return (f"note: this CPU ({cpu_paths().describe()}) has no native bf16 products: bf16 runs emulated, several "
+            "times slower than float32; --dtype float32 is faster here and gives the target's own tokens")
+
+
+def require_int4() -> None:
+    """Refuse `--weights q4` before any load where the int4 kernel does not run."""
+    if not cpu_paths().int4:
+        raise ConfigError(f"--weights q4 needs torch's CPU int4 kernel, which does not run on this CPU "
+                          f"({cpu_paths().describe()}, torch {torch.__version__}); use --weights auto or --dtype float32")
+
+
+def _isa_name() -> str:
+    capability = torch.backends.cpu.get_cpu_capability().lower()  # "AVX512", "AVX2", "DEFAULT", ...
+    return "avx512" if capability.startswith("avx512") else capability
+
+
+def _native_bf16() -> bool:
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check() for check in checks if check is not None)
+
+
+def _packed_bf16_runs() -> bool:
+    """Whether oneDNN packs and multiplies a bf16 weight here (it raises without AVX512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    mkldnn = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+            and hasattr(mkldnn, "_linear_pointwise")):
+        return False
+    try:
+        weight = torch.ones(16, 16, dtype=torch.bfloat16)
+        packed = mkldnn._reorder_linear_weight(weight, 8)
+        out = mkldnn._linear_pointwise(torch.ones(2, 16, dtype=torch.bfloat16), packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return bool((out == 16).all())
+
+
+def _int4_runs() -> bool:
+    """Whether torch's CPU int4 product runs here, on a 64x64 weight of groups of 32."""
+    try:
+        codes = torch.full((64, 64), 9, dtype=torch.int32)  # (9 - 8) * 1 + 0 = 1 every weight
+        packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+        scales_zeros = torch.stack([torch.ones(2, 64), torch.zeros(2, 64)], -1).to(torch.bfloat16)  # [G, N, 2]
+        out = torch._weight_int4pack_mm_for_cpu(torch.ones(1, 64, dtype=torch.bfloat16), packed, 32, scales_zeros)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool((out == 64).all())
