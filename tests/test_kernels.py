@@ -140,3 +140,16 @@ def test_every_documented_choice_decodes_on_each_class(cpu_class, name, argv, ca
     cpu_class(name)
     code = main(["generate", "Say hi", "--max-new-tokens", "4", "--no-ngrams", *argv])
     assert code == 0, capsys.readouterr().err
+
+
+@needs_smollm2
+def test_float32_gives_the_same_text_as_an_avx2_cpu_would():
+    # Fresh processes, so torch and oneDNN really dispatch to AVX2 kernels in one of them.
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    argv = [sys.executable, "-m", "blockdraft.cli", "generate", "--dtype", "float32", "--max-new-tokens", "32",
+            "--threads", "1", "--baseline", "Write a Python function that merges two sorted lists."]
+    texts = []
+    for name in ("auto", "avx2"):
+        out = subprocess.run(argv, env=env | {cpu_switch.ENV: name}, capture_output=True, text=True, check=True)
+        texts.append([line for line in out.stdout.splitlines() if not line.startswith("[")])
+    assert texts[0] and texts[0] == texts[1], "float32 text must not depend on the CPU class"
