@@ -43,6 +43,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cache-features", action="store_true",
                         help="keep every sequence's target features in memory: the target runs once per sequence "
                              "instead of once per epoch (L*D values a token)")
+    parser.add_argument("--feature-store", action="store_true",
+                        help="read each sequence's target features from the data folders' stores (written by "
+                             "`blockdraft features`) instead of running the target; kept in memory as with "
+                             "--cache-features")
     parser.add_argument("--standardize-features", action="store_true",
                         help="train fc on per-dimension standardized target features (folded back into fc in "
                              "every saved draft): evens out the target's few huge feature dimensions")
@@ -87,7 +91,7 @@ def run(args) -> int:
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.max_steps,
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
         mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
-        cpu_autocast=args.cpu_autocast, cache_features=args.cache_features,
+        cpu_autocast=args.cpu_autocast, cache_features=args.cache_features, feature_store=args.feature_store,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,
         time_budget=args.time_budget, save_draft_every_seconds=args.save_draft_every_seconds,

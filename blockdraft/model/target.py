@@ -185,13 +185,15 @@ class Target:
         return (norm_function(layer.input_layernorm), qkv, linear["o"], norm_function(layer.post_attention_layernorm),
                 mlp)
 
-    def _layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids) -> tuple[torch.Tensor, dict]:
-        """The decoder layers over x [M, D] in Python, from the per-layer plans: x after the last layer, and
-        {id: x after layer id} for the tapped ids (the reference loop; `_scripted_layers` runs the same ops)."""
+    def _layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids,
+                depth: int | None = None) -> tuple[torch.Tensor, dict]:
+        """The decoder layers over x [M, D] in Python, from the per-layer plans: x after the last layer run (all,
+        or the first `depth`), and {id: x after layer id} for the tapped ids (the reference loop;
+        `_scripted_layers` runs the same ops)."""
         tapped = {}
         wanted = set(tap_layer_ids)
         kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
-        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)]):
+        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)][:depth]):
             q, k, v = qkv(norm_in(x), B, T, c, s)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
             cache.write(index, k, v, slots, start)
             keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
@@ -224,14 +226,18 @@ class Target:
         logit_rows: torch.Tensor | None = None,  # [B, R] indices into T, or None for no logits
         slots: torch.Tensor | None = None,  # [B, T] cache slots to write; None: the positions themselves
         block_mask: torch.Tensor | None = None,  # [B, T, T] bool: which new tokens each new token sees
+        stop_after_taps: bool = False,  # features only: no layer past the deepest tap runs, no logits
     ) -> TargetOutput:
         """Causal forward of new tokens against the cache; writes their K/V, leaves lengths alone.
 
         A query at position p sees cache slots 0..p (slots past a row's own tokens are masked, so stale
         entries from a rolled-back block are never read). A token tree (tree.py) passes `slots` (node i in
         slot s+i, at position s+depth) and `block_mask` (its ancestors): a query then sees the slots before
-        the row's first new slot, and the new tokens its mask allows.
+        the row's first new slot, and the new tokens its mask allows. `stop_after_taps` leaves the layers past
+        the deepest tapped one unrun (and their cache unwritten): for features alone (train/feature_store.py).
         """
+        if stop_after_taps and (logit_rows is not None or not tap_layer_ids):
+            raise ValueError("stop_after_taps returns tapped features only: pass tap_layer_ids and no logit_rows")
         T = input_ids.shape[1]
         if slots is None and block_mask is None and T > 1 and _from_slot_zero(positions):
             bias, span = CAUSAL, T  # a prefill: no [B, T, T] mask
@@ -247,7 +253,8 @@ class Target:
         if self._fixed is not None and self._unchecked(x):
             x, tapped = self._scripted_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids)
         else:
-            x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids)
+            depth = max(tap_layer_ids) + 1 if stop_after_taps else None
+            x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
             tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
         tapped = {index: h.view(B, T, D) for index, h in tapped.items()}

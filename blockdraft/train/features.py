@@ -9,6 +9,9 @@ cache grows with the data, about 41 KB a token for an 8B target's three layers).
 Memory: L·D values per token (SmolLM2, L=2, bf16: 2.3 KB a token, 1 GB for ~450k tokens);
 `FeatureCache.nbytes` reports it.
 
+With a `FeatureStore` (feature_store.py: the features written to disk once by `blockdraft features`), a sequence
+the store holds is read from it instead: the target runs only for the sequences it lacks.
+
 Shapes: B sequences, S padded length, L tapped layers, D hidden.
 """
 
@@ -17,17 +20,22 @@ from __future__ import annotations
 import torch
 
 from ..model.target import Target
+from .feature_store import FeatureStore
 from .forward import target_features
 
 
 class FeatureCache:
     """Dataset index -> features [S_i, L*D] of that sequence (truncated to the run's max length)."""
 
-    def __init__(self, target: Target, tap_layer_ids) -> None:
+    def __init__(self, target: Target, tap_layer_ids, disk: FeatureStore | None = None,
+                 digests: list[str] | None = None) -> None:
+        """`disk` and `digests` (dataset index -> `token_digest` of its whole sequence) read stored features."""
         self.target = target
         self.tap_layer_ids = tuple(tap_layer_ids)
         self.store: dict[int, torch.Tensor] = {}
-        self.forwards = 0  # target forwards run (one per batch of unseen sequences)
+        self.disk, self.digests = disk, digests
+        self.forwards = 0  # target forwards run (one per batch of sequences neither kept nor stored)
+        self.read = 0  # sequences read from `disk`
 
     @property
     def nbytes(self) -> int:
@@ -38,6 +46,11 @@ class FeatureCache:
         lengths[b] real tokens). Unseen rows go through one target forward; padding rows get zeros, which
         no block can see (padding follows every anchor)."""
         missing = [b for b, i in enumerate(indices) if i not in self.store]
+        if missing and self.disk is not None:
+            for b in [b for b in missing if self.digests[indices[b]] in self.disk]:
+                self.store[indices[b]] = self.disk.get(self.digests[indices[b]])[: lengths[b]].clone()
+                self.read += 1
+            missing = [b for b in missing if indices[b] not in self.store]
         if missing:
             width = max(lengths[b] for b in missing)
             fresh = target_features(self.target, tokens[missing, :width], self.tap_layer_ids)  # [M, W, L*D]

@@ -35,14 +35,16 @@ def head_weight(target: Target, compute_dtype: torch.dtype) -> torch.Tensor:
 
 
 @torch.no_grad()
-def target_features(target: Target, tokens: torch.Tensor, tap_layer_ids) -> torch.Tensor:
-    """Tapped features [B, S, L*D] of tokens [B, S] from an eval-mode, fresh-cache, no-grad target forward.
+def target_features(target: Target, tokens: torch.Tensor, tap_layer_ids, stop_after_taps: bool = False) -> torch.Tensor:
+    """Tapped features [B, S, L*D] of tokens [B, S] from an eval-mode, fresh-cache, no-grad target forward
+    (`stop_after_taps`: no layer past the deepest tap runs; the same features).
 
     no_grad rather than inference_mode: inference tensors could not be saved for the draft's backward.
     """
     B, S = tokens.shape
     positions = torch.arange(S, device=tokens.device).expand(B, S)
-    return target.forward(tokens, positions, target.new_cache(B, S), tuple(tap_layer_ids)).features
+    return target.forward(tokens, positions, target.new_cache(B, S), tuple(tap_layer_ids),
+                          stop_after_taps=stop_after_taps).features
 
 
 def split_teacher(tapped: torch.Tensor, feature_width: int) -> tuple[torch.Tensor, torch.Tensor | None]:

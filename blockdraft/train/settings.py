@@ -14,7 +14,7 @@ from ..errors import ConfigError
 # A time budget is one too: a resumed run gets a budget of its own (it changes the schedule, but a budgeted run is
 # not reproducible step for step anyway).
 OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features",
-                      "time_budget", "save_draft_every_seconds", "draft_dir")
+                      "feature_store", "time_budget", "save_draft_every_seconds", "draft_dir")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class TrainConfig:
     standardize_features: bool = False  # train fc on per-dimension standardized features (see BlockForward)
     scale_sequences: int = 32  # training sequences the feature scale is measured on
     cache_features: bool = False  # keep each sequence's target features in memory: one target forward per run
+    feature_store: bool = False  # read features from each data folder's store (feature_store.py); implies the cache
     kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (docs/training.md §3): 0 is plain CE, 1 pure KD
     weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (docs/training.md §3)
     dpace_alpha: float = 0.5  # D-PACE's acceptance floor α

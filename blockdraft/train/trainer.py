@@ -41,6 +41,7 @@ from .batches import data_fingerprint, epoch_batches, load_split, make_micro_bat
 from .checkpointing import dtype_name, restore, save_draft, save_training_state
 from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
+from .feature_store import FeatureStore, store_dir, token_digest
 from .features import FeatureCache
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
@@ -168,8 +169,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
         device_ids = [target.device.index] if target.device.type == "cuda" else None
         run.model = torch.nn.parallel.DistributedDataParallel(forward, device_ids=device_ids)
     run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
-    if cfg.cache_features:
-        run.cache = FeatureCache(target, _tap_ids(run))
+    if cfg.cache_features or cfg.feature_store:
+        run.cache = _feature_cache(run, ranks.rank == 0)
     run.vocab_ids, run.vocab_source = _proposal_ids(cfg, examples, target.lm_head.weight.shape[0])
     if cfg.proposal_vocab:
         run.vocab = torch.tensor(run.vocab_ids, dtype=torch.long, device=target.device)
@@ -226,6 +227,22 @@ def _measure_scale(target: Target, examples: list[Example], train_indices: list[
         tokens = torch.tensor([examples[i].input_ids[:max_len]], device=target.device)
         features.append(target_features(target, tokens, draft_cfg.target_layer_ids)[0])
     return feature_scale(features)
+
+
+def _feature_cache(run: Run, speak: bool) -> FeatureCache:
+    """The run's feature cache, over the data folders' feature stores when the run reads them."""
+    if not run.cfg.feature_store:
+        return FeatureCache(run.target, _tap_ids(run))
+    folders = [store_dir(d, run.target, _tap_ids(run)) for d in run.cfg.data_dirs]
+    disk = FeatureStore(folders)
+    digests = [token_digest(e.input_ids) for e in run.examples]
+    stored = sum(d in disk for d in digests)
+    if speak:
+        build = " ".join(f"--data {d}" for d in run.cfg.data_dirs)
+        print(f"note: the feature store holds {stored:,} of {len(digests):,} sequences; the target runs for the rest"
+              + ("" if stored == len(digests) else f" (build it with `blockdraft features {build}`, same taps "
+                 f"{','.join(map(str, _tap_ids(run)))} and target dtype)"))
+    return FeatureCache(run.target, _tap_ids(run), disk, digests)
 
 
 def _elapsed(run: Run) -> float:

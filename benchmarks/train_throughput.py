@@ -1,0 +1,80 @@
+"""Training sequences a minute with the target run at every step, against features read from the store, in one
+process on the same data and settings (stage 9's recipe: 2 layers, K=8, 96 anchors, standardized features, KD
+0.5 over the proposal vocabulary, bf16 autocast where bf16 is native).
+
+    python benchmarks/train_throughput.py --data datasets/smollm2-135m-instruct/gpu-a --sequences 96 --steps 10
+
+The first `--sequences` examples of the folder are copied into a scratch folder; each arm trains `--steps`
+optimizer steps of 8 sequences from the shipped draft, timed from the end of its first step (one-off costs
+excluded) to the end of its last. The store's build is timed apart: it is paid once per data folder, not per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def timed_steps(target, cfg) -> float:
+    """Seconds from the end of the first optimizer step to the end of the last."""
+    from blockdraft.train.trainer import train
+
+    marks = []
+    train(target, cfg, on_step=lambda step: marks.append(time.perf_counter()))
+    return marks[-1] - marks[0], len(marks) - 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--sequences", type=int, default=96)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from blockdraft.hardware import describe_line
+    from blockdraft.io.drafts import DEFAULT_DRAFT
+    from blockdraft.io.targets import load_target
+    from blockdraft.model.kernels import cpu_paths
+    from blockdraft.train.data import read_examples, write_shard
+    from blockdraft.train.feature_store import build_store
+    from blockdraft.train.trainer import TrainConfig
+
+    target = load_target(weights=None)
+    scratch = Path(tempfile.mkdtemp(prefix="throughput-"))
+    (scratch / "data").mkdir()
+    write_shard(scratch / "data" / "data-00000.jsonl", read_examples(args.data, target.tokenizer)[: args.sequences])
+    base = dict(data_dirs=scratch / "data", num_draft_layers=2, block_size=8, anchors=96, max_seq_len=640,
+                lr=2e-4, epochs=100, max_steps=args.steps + 1, batch_size=8, micro_batch_size=4, save_every=10**6,
+                eval_every=10**6, val_fraction=0.0, seed=12, mask_token_id=16, target_layer_ids=(1, 27),
+                init_from=str(DEFAULT_DRAFT), standardize_features=True, kd_weight=0.5, proposal_vocab=True,
+                cpu_autocast=cpu_paths().native_bf16)
+    taps = (1, 27, target.num_layers - 1)  # the draft's, and the final layer for KD's teacher
+    start = time.perf_counter()
+    built = build_store(target, scratch / "data", taps)
+    build_seconds = time.perf_counter() - start
+    results = {}
+    for name, extra in (("target every step", {}), ("feature store", {"feature_store": True})):
+        seconds, steps = timed_steps(target, TrainConfig(out_dir=scratch / name.replace(" ", "-"), **base, **extra))
+        results[name] = {"seconds": round(seconds, 2), "steps": steps, "sequences_per_minute": round(
+            steps * base["batch_size"] * 60 / seconds, 1)}
+    ratio = results["feature store"]["sequences_per_minute"] / results["target every step"]["sequences_per_minute"]
+    print(f"{describe_line('cpu', target.dtype)}; {args.sequences} sequences of {args.data}, {args.steps} steps of 8")
+    for name, r in results.items():
+        print(f"  {name:18s} {r['sequences_per_minute']:7.1f} sequences/min ({r['steps']} steps in {r['seconds']} s)")
+    print(f"  feature store / target every step: {ratio:.2f}x; the store's build: {build_seconds:.1f} s for "
+          f"{built['sequences']} sequences ({built['tokens']:,} tokens), once per data folder")
+    print(json.dumps({"results": results, "ratio": round(ratio, 3), "build_seconds": round(build_seconds, 1),
+                      "built": built}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
