@@ -40,6 +40,9 @@ def add_arguments(parser) -> None:
                         help="the mask token's id; default: chosen from the tokenizer (docs/training.md §1)")
     parser.add_argument("--target-layer-ids", default=None, help="comma-separated ids (default: the spread rule)")
     parser.add_argument("--init-from", default=None, help="start from this draft folder")
+    parser.add_argument("--init-target-layers", default=None, metavar="IDS",
+                        help="start each draft layer from these target layers, e.g. 28,29 (fc starts by selecting "
+                             "the deepest tapped layer); one id per draft layer")
     parser.add_argument("--cache-features", action="store_true",
                         help="keep every sequence's target features in memory: the target runs once per sequence "
                              "instead of once per epoch (L*D values a token)")
@@ -85,12 +88,17 @@ def run(args) -> int:
     except ValueError as error:
         raise ConfigError(f"--target-layer-ids must be comma-separated layer numbers such as 1,9,17, got "
                           f"{args.target_layer_ids!r}") from error
+    try:
+        start = tuple(int(i) for i in args.init_target_layers.split(",")) if args.init_target_layers else None
+    except ValueError as error:
+        raise ConfigError(f"--init-target-layers must be comma-separated layer numbers such as 28,29, got "
+                          f"{args.init_target_layers!r}") from error
     cfg = TrainConfig(
         data_dirs=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
         gamma=args.gamma, anchors=args.anchors, max_seq_len=args.max_seq_len, lr=args.lr, epochs=args.epochs,
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.max_steps,
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
-        mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from,
+        mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from, init_target_layers=start,
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features, feature_store=args.feature_store,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,

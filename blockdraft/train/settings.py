@@ -46,6 +46,7 @@ class TrainConfig:
     cpu_autocast: bool = False  # CPU runs in fp32 unless this is set
     max_steps: int | None = None  # caps the run and its schedule
     init_from: Path | None = None  # start from this draft folder instead of a random init
+    init_target_layers: tuple[int, ...] | None = None  # start each draft layer from this target layer (target_init.py)
     mask_token_id: int | None = None  # None: docs/training.md §1's order (tokenizer mask, spare row, unused special)
     target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
     resume: bool = True  # continue out_dir/checkpoint if present
@@ -67,8 +68,9 @@ class TrainConfig:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         folders = (self.data_dirs,) if isinstance(self.data_dirs, (str, Path)) else tuple(self.data_dirs)
         object.__setattr__(self, "data_dirs", tuple(Path(folder) for folder in folders))
-        if self.target_layer_ids is not None:
-            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+        for name in ("target_layer_ids", "init_target_layers"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = [f"`{name}` must be an integer >= {low}, got {getattr(self, name)!r}"
                     for name, low in (("num_draft_layers", 1), ("block_size", 2), ("anchors", 1), ("max_seq_len", 2),
                                       ("epochs", 1), ("batch_size", 1), ("save_every", 1), ("eval_every", 1),
@@ -89,6 +91,9 @@ class TrainConfig:
                   # float16 autocast would need loss scaling against gradient underflow, which the trainer does not do
                   ("dtype", self.dtype in ("bfloat16", "float32"), "bfloat16 or float32 (float16 needs loss scaling)")]
         problems += [f"`{name}` must be {want}, got {getattr(self, name)!r}" for name, ok, want in checks if not ok]
+        if self.init_target_layers is not None and self.init_from is not None:
+            # Both would set the draft's weights: one would silently overwrite the other.
+            problems.append("`init_target_layers` and `init_from` both choose the starting weights; keep one")
         problems += _data_problems(self.data_dirs)
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")

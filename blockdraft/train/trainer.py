@@ -43,6 +43,7 @@ from .data import Example
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .feature_store import FeatureStore, store_dir, token_digest
 from .features import FeatureCache
+from .target_init import copy_target_layers
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
 from .objective import batch_vocab, weighted_loss
@@ -153,7 +154,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     forward = BlockForward(draft, target)
     if cfg.standardize_features:
         scale = _measure_scale(target, examples, train_indices, draft_cfg, cfg)
-        forward.standardize(scale, convert_weights=cfg.init_from is not None)
+        # Weights that read raw features already (a loaded draft, the target's layers) keep their function.
+        forward.standardize(scale, convert_weights=cfg.init_from is not None or cfg.init_target_layers is not None)
     named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([p for _, p in named], lr=cfg.lr, weight_decay=cfg.weight_decay)
     names = [n for n, _ in named]
@@ -202,6 +204,8 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
         draft.load_state_dict(tensors, strict=True)
     else:
         draft.init_weights(0.02, generator=seeded_generator(cfg.seed, -2))
+        if cfg.init_target_layers is not None:
+            copy_target_layers(draft, target, cfg.init_target_layers)
     return draft_cfg, draft.to(device=target.device, dtype=torch.float32).train()
 
 
