@@ -22,11 +22,12 @@ def cpu_name() -> str:
 def cpu_isa() -> str:
     """The vector ISA torch dispatches to, and whether bf16 matmuls are native (they decide CPU speed); the class
     $BLOCKDRAFT_CPU set, when it did."""
+    from .cpu_switch import ENV
     from .model.kernels import cpu_paths
 
     paths = cpu_paths()
     bf16 = "native bf16" if paths.native_bf16 else "no native bf16"
-    switched = f", as {paths.cpu_class} (${'BLOCKDRAFT_CPU'})" if paths.switched else ""
+    switched = f", as {paths.cpu_class} (${ENV})" if paths.switched else ""
     return f"{torch.backends.cpu.get_cpu_capability()}, {bf16}{switched}"
 
 
