@@ -31,7 +31,9 @@ def cpu_isa() -> str:
     return f"{torch.backends.cpu.get_cpu_capability()}, {bf16}{switched}"
 
 
-def describe(device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> dict:
+def describe(device: str | torch.device = "cpu", dtype: torch.dtype | None = None, quantized: bool = False) -> dict:
+    """Where a number was measured; `quantized`: the target's layers run as int4 (`--weights q4`), which the dtype
+    of its activations alone would not say."""
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -42,9 +44,11 @@ def describe(device: str | torch.device = "cpu", dtype: torch.dtype | None = Non
     info = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__}
     if dtype is not None:
         info["dtype"] = str(dtype).replace("torch.", "")
+    if quantized:
+        info["weights"] = "q4 (int4 layers)"
     return info
 
 
-def describe_line(device="cpu", dtype=None) -> str:
-    info = describe(device, dtype)
+def describe_line(device="cpu", dtype=None, quantized: bool = False) -> str:
+    info = describe(device, dtype, quantized)
     return ", ".join(f"{k} {v}" if k != "device" else v for k, v in info.items())

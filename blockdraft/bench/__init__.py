@@ -40,6 +40,6 @@ def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]],
     run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
     context = {"dtype": str(target.dtype).replace("torch.", ""), "device": str(target.device), **(context or {}),
                "stop_token_ids": stop_token_ids}
-    return build_document(run, settings, hardware=describe(target.device, target.dtype), context=context,
-                          notes=notes)
+    hardware = describe(target.device, target.dtype, target.quantized)
+    return build_document(run, settings, hardware=hardware, context=context, notes=notes)
 

@@ -78,6 +78,7 @@ def run(args) -> int:
               "block_size": K, "tree": args.tree, "max_new_tokens": args.max_new_tokens, "chat_template": True,
               "thinking": False, "draft_window": None if window is None else {"window": window.window,
                                                                               "sinks": window.sinks},
-              "hardware": describe(args.device, dtype), "results": {k: v.as_dict() for k, v in results.items()}}
+              "hardware": describe(args.device, dtype, target.quantized),
+              "results": {k: v.as_dict() for k, v in results.items()}}
     print(json.dumps(record))
     return 0

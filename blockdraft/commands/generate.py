@@ -57,7 +57,7 @@ def run(args) -> int:
         console.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
     ids = [encode(target, p, chat=not args.no_chat_template) for p in prompts]
-    hardware = describe_line(args.device, dtype)
+    hardware = describe_line(args.device, dtype, target.quantized)
     spec = Decoder(target, draft, options, measure_costs=args.measure_costs)
     with console.status("measuring step costs (once per machine, then cached)"):
         spec.costs(len(ids))
