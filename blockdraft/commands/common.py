@@ -32,8 +32,8 @@ def add_model_arguments(parser) -> None:
                         "else float32), bfloat16, float32 (exact), float16")
     parser.add_argument("--weights", default="auto", choices=["auto", "q4", "bf16", "fp32"],
                         help="the target's weights: q4 runs the embedded target's GGUF blocks as int4 on CPU (bf16 "
-                             "activations); bf16 and fp32 as --dtype; auto: q4 for the embedded target on a CPU with "
-                             "native bf16 when --dtype is auto, else --dtype decides")
+                             "activations); bf16 and fp32 as --dtype; auto: q4 for the embedded target on a CPU where "
+                             "the int4 kernel runs when --dtype is auto, else --dtype decides")
     add_compute_arguments(parser)
     parser.add_argument("--full-vocab", action="store_true",
                         help="let the draft propose any token id, ignoring the draft folder's blockdraft_vocab.json")
@@ -76,7 +76,7 @@ def prepare(args) -> None:
 
         args.weights = resolve_weights(args.weights, args.dtype, args.target, args.device)
         args.dtype = weights_dtype(args.weights, args.dtype, args.target, args.device)
-    if hasattr(args, "dtype"):
+    if hasattr(args, "dtype") and getattr(args, "weights", None) != "q4":  # q4's bf16 activations pay anyway
         note_bf16(args.dtype, args.device)
     if getattr(args, "draft", None) is not None:
         check_draft_folder(args.draft)

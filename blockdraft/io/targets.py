@@ -271,8 +271,8 @@ WEIGHTS = {"bf16": "bfloat16", "fp32": "float32", "q4": "bfloat16"}  # --weights
 
 
 def resolve_weights(weights: str | None, dtype, name: str | None, device) -> str | None:
-    """The weights "auto" means: q4 for the embedded target on a CPU where it pays (native bf16 and the int4
-    kernel, model/kernels.py) when no dtype is asked for; else None, the float path `dtype` decides. A rule of the
+    """The weights "auto" means: q4 for the embedded target on a CPU where it pays (where the int4 kernel runs,
+    model/kernels.py) when no dtype is asked for; else None, the float path `dtype` decides. A rule of the
     CPU's features, never a timing, so the same request gives the same text on every machine of a class. Any
     other value is returned as it is."""
     if weights != "auto":
