@@ -5,7 +5,7 @@ slower, never wrongly and never into a kernel's traceback:
 
 | path | runs where | else |
 |---|---|---|
-| oneDNN packed bf16 linears (packed.py) | AVX512 BW/VL/DQ or AVX-NE-CONVERT | `F.linear` over the same bf16 weights |
+| oneDNN packed bf16 linears (packed.py) | native bf16, and oneDNN's packing runs | `F.linear` over the same bf16 weights |
 | bf16 as the automatic dtype (io/targets.py) | native bf16 products: AVX512-BF16 or AMX | float32 |
 | int4 products of `--weights q4` (q4.py) | torch's CPU int4 kernel | `--weights q4` refused before loading |
 | the TorchScript layer loop (scripted.py) | with the int4 products | the Python layer loop (target.py) |
@@ -42,7 +42,7 @@ class CpuPaths:
     def q4_pays(self) -> bool:
         """Whether `--weights auto` takes q4 on the embedded target: wherever the int4 kernel runs. A decode step
         reads every weight once, so it is bound by their bytes: the int4 layers and bf16 head are 120 MiB where
-        float32 holds 540, and the target alone measured 3.1-3.6x float32's tokens/s with the kernels capped at
+        float32 holds 540, and the target alone measured 3.2-4.4x float32's tokens/s with the kernels capped at
         AVX2 and at AVX512 without native bf16, though one in-cache int4 product is slower than float32's there
         (86 against 48 us for 1536x576 at one row, AVX2)."""
         return self.int4
@@ -61,12 +61,13 @@ def cpu_paths() -> CpuPaths:
         raise ConfigError(str(error)) from None
     native = _native_bf16()
     detected = "avx512-bf16" if native else _isa_name()
-    if switched is None:
-        return CpuPaths(detected, False, native, _packed_bf16_runs(), _int4_runs())
-    # A class only takes features away; with the kernels capped (cpu_switch.apply) the probes answer as there.
-    native = native and cpu_switch.CLASSES[switched][2]
-    packed = _packed_bf16_runs() and switched != "avx2"  # oneDNN's bf16 packing needs AVX512 BW/VL/DQ
-    return CpuPaths(switched, True, native, packed, _int4_runs())
+    if switched is not None:  # a class only takes features away
+        native = native and cpu_switch.CLASSES[switched][2]
+    # Packing only where bf16 is native: with bf16 emulated (AVX512 without BF16) oneDNN's packed product at 2
+    # threads rounded a 2-row product apart from F.linear's, so the packed copy would not be the same function.
+    # With the kernels capped (cpu_switch.apply) the probe answers as on that class (AVX2: it raises).
+    packed = native and _packed_bf16_runs()
+    return CpuPaths(switched or detected, switched is not None, native, packed, _int4_runs())
 
 
 def check_bf16_note(dtype: torch.dtype, device: torch.device) -> str | None:
