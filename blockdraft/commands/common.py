@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 
 
 def physical_cores() -> int:
@@ -216,3 +216,13 @@ def add_decode_arguments(parser, what: str = "prompt") -> None:
     parser.add_argument("--measure-costs", action="store_true",
                         help="measure the step costs that price adaptive widths again, replacing the cached ones "
                              "(they are measured once per machine; do this after a first run on a busy machine)")
+
+
+def layer_ids(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """Comma-separated target layer numbers (`--target-layer-ids 1,27`) as a tuple; None for an empty option."""
+    if not text:
+        return None
+    try:
+        return tuple(int(i) for i in text.split(","))
+    except ValueError as error:
+        raise ConfigError(f"{flag} must be comma-separated layer numbers such as 1,27, got {text!r}") from error

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import ConfigError
 from ..io.targets import load_target, parse_dtype
-from .common import add_compute_arguments, set_compute
+from .common import add_compute_arguments, layer_ids, set_compute
 
 
 def add_arguments(parser) -> None:
@@ -34,13 +34,8 @@ def tap_ids(args, num_layers: int) -> tuple[int, ...]:
     from ..io.checkpoint import read_config
     from ..io.drafts import DEFAULT_DRAFT
 
-    if args.target_layer_ids:
-        try:
-            ids = tuple(int(i) for i in args.target_layer_ids.split(","))
-        except ValueError as error:
-            raise ConfigError(f"--target-layer-ids must be comma-separated layer numbers such as 1,27, got "
-                              f"{args.target_layer_ids!r}") from error
-    else:
+    ids = layer_ids(args.target_layer_ids, "--target-layer-ids")
+    if ids is None:
         ids = tuple(read_config(args.draft or DEFAULT_DRAFT).target_layer_ids)
     if any(not 0 <= i < num_layers for i in ids):
         raise ConfigError(f"tapped layer ids {list(ids)} must lie in 0..{num_layers - 1} for this target; pass "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..io.targets import load_target, parse_dtype
-from .common import add_compute_arguments, set_compute
+from .common import add_compute_arguments, layer_ids, set_compute
 
 
 def add_arguments(parser) -> None:
@@ -83,16 +83,8 @@ def run(args) -> int:
     if args.kd_weight is not None and args.loss != "kd":
         raise ConfigError("--kd-weight only applies with --loss kd; add --loss kd or drop --kd-weight")
     kd_weight = 0.0 if args.loss == "ce" else 1.0 if args.kd_weight is None else args.kd_weight
-    try:
-        ids = tuple(int(i) for i in args.target_layer_ids.split(",")) if args.target_layer_ids else None
-    except ValueError as error:
-        raise ConfigError(f"--target-layer-ids must be comma-separated layer numbers such as 1,9,17, got "
-                          f"{args.target_layer_ids!r}") from error
-    try:
-        start = tuple(int(i) for i in args.init_target_layers.split(",")) if args.init_target_layers else None
-    except ValueError as error:
-        raise ConfigError(f"--init-target-layers must be comma-separated layer numbers such as 28,29, got "
-                          f"{args.init_target_layers!r}") from error
+    ids = layer_ids(args.target_layer_ids, "--target-layer-ids")
+    start = layer_ids(args.init_target_layers, "--init-target-layers")
     cfg = TrainConfig(
         data_dirs=args.data, out_dir=args.out, num_draft_layers=args.layers, block_size=args.block_size,
         gamma=args.gamma, anchors=args.anchors, max_seq_len=args.max_seq_len, lr=args.lr, epochs=args.epochs,
