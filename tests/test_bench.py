@@ -307,3 +307,33 @@ def test_training_set_is_refused_for_benchmarking(monkeypatch, capsys):
     assert main(["bench", "--prompts", "extract.jsonl"]) == 2
     err = capsys.readouterr().err
     assert "training set" in err and "mt-bench" in err
+
+
+def test_llama_cpp_dflash_is_checked_against_llama_cpp_alone():
+    """llama.cpp's DFlash must give llama.cpp's own plain text (not ours: another engine rounds otherwise); the
+    check names each differing prompt, its index and both tokens, and the JSON line counts the equal ones."""
+    from rich.console import Console
+
+    from blockdraft.bench.report import build_document, engine_lines, render, summary_line
+    from blockdraft.bench.runner import BenchRun
+
+    tokens = {"ours-baseline": [[5, 6, 7], [8, 9]], "hf-generate": [[5, 6, 7], [8, 9]],
+              "llama-cpp": [[5, 6, 1], [8, 9]], "llama-cpp-dflash-n2": [[5, 6, 1], [8, 9]],
+              "llama-cpp-dflash-n8": [[5, 6, 1], [8, 4]]}
+    rows = [{"batch": b, "method": m, "new_tokens": [len(tokens[m][b])], "seconds": 1.0, "tokens_per_second": 3.0}
+            for m in tokens for b in (0, 1)]
+    run = BenchRun(list(tokens), ["set:a", "set:b"], rows, tokens)
+    hardware = {"device": "cpu", "torch": "x", "transformers": "y", "weights": "q4 (int4 layers)"}
+    document = build_document(run, BenchSettings(block_size=4, max_new_tokens=3), hardware=hardware, context={},
+                              notes=[])
+    assert engine_lines(document) == [
+        "llama-cpp-dflash-n2: 2 of 2 prompts equal llama-cpp's text",
+        "llama-cpp-dflash-n8: 1 of 2 prompts equal llama-cpp's text; set:b from new token 1 (llama-cpp 9, "
+        "llama-cpp-dflash-n8 4)",
+    ]
+    line = json.loads(summary_line(document))
+    assert line["methods"]["llama-cpp-dflash-n8"]["equal_llama_cpp"] == 1
+    assert "equal_llama_cpp" not in line["methods"]["llama-cpp"]
+    console = Console(record=True, width=200)
+    render(document, console)
+    assert "weights q4 (int4 layers)" in console.export_text(), "the header must say which weights ran"

@@ -15,6 +15,9 @@
 - `llama-cpp`: llama.cpp (`llama-cpp-python`) greedy on the target's GGUF file at its own precision, fed our
   prompt token ids, on as many threads as torch; only when it is importable and the target is a GGUF (the
   embedded one); never a dependency.
+- `llama-cpp-dflash`: llama.cpp's own DFlash speculative decoding (`llama-server --spec-type draft-dflash`,
+  bench/llama_server.py) on the same GGUF target with our draft exported to its GGUF (io/gguf_draft.py), one
+  method per draft length asked (`llama-cpp-dflash-n3` ...); only where the binary is found.
 
 Every method decodes greedily, or with `sampling` samples with the same parameters (each call of ours from its
 own seeds, `Sampled`, by rejection or coupled; HF's from its global generator, seeded per call), with the same
@@ -25,6 +28,7 @@ one at a time inside `decode`.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -44,7 +48,9 @@ PROMPT_LOOKUP_NUM_TOKENS = 10
 BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP = (
     "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
     "blockdraft-lookup", "dflash-reference", "llama-cpp")
-METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP)
+LLAMA_DFLASH = "llama-cpp-dflash"
+METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP,
+           LLAMA_DFLASH)
 OURS = (BASELINE, SPECULATIVE, TREE, ADAPTIVE, LOOKUP)  # our decode loop: coupled samples compare across these
 REQUIRED = (BASELINE, HF_GENERATE)  # every speedup is against these, and every output is checked against the first
 
@@ -190,6 +196,26 @@ class LlamaCppMethod:
         return Decoded(tokens)
 
 
+class LlamaDFlashMethod:
+    """llama.cpp's DFlash decode through one llama-server process (bench/llama_server.py), one prompt at a time."""
+
+    def __init__(self, name: str, server, draft_max: int) -> None:
+        self.name, self.server, self.draft_max = name, server, draft_max
+
+    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        from .llama_server import step_stats
+
+        decoded = []
+        for prompt in prompts:
+            tokens, timings, log = self.server.complete(prompt, max_new_tokens)
+            stats = step_stats(log, len(tokens), self.draft_max, timings.get("draft_n_accepted", 0))
+            decoded.append(Decoded(tokens, stats))
+        return decoded
+
+    def close(self) -> None:
+        self.server.close()
+
+
 def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run, in their base order, from a comma-separated list (None: all of them); the two
     references are always kept. An unknown name is refused with the known ones."""
@@ -208,10 +234,12 @@ def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
 def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop_token_ids: list[int],
                   draft_folder: str | Path | None = None,
                   names: Sequence[str] = METHODS, sampling: SamplingParams | None = None,
-                  coupled: bool = False, gguf: str | Path | None = None) -> tuple[list, list[str]]:
+                  coupled: bool = False, gguf: str | Path | None = None,
+                  llama_draft_max: Sequence[int] = (3,)) -> tuple[list, list[str]]:
     """The methods named (all by default) that can run here, in their base order, and a note for each one
     skipped. With `sampling` (temperature > 0) every method samples, ours coupled when `coupled`; the reference
-    runtime and llama.cpp are then left out. `gguf`: the target's GGUF file, for llama.cpp."""
+    runtime and llama.cpp are then left out. `gguf`: the target's GGUF file, for llama.cpp; `llama_draft_max`:
+    the draft lengths llama.cpp's DFlash runs at, one method each."""
     s = dict(sampling=sampling)
     sampler = "coupled" if coupled else "rejection"
 
@@ -230,20 +258,26 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
     ]
     methods = [m for m in methods if m.name in names]
     notes = []
-    for name in (REFERENCE, LLAMA_CPP):
+    for name in (REFERENCE, LLAMA_CPP, LLAMA_DFLASH):
         if name not in names:
             continue
         if sampling is not None and not sampling.greedy:
-            method, note = None, f"{name} skipped: it is benchmarked greedy only"
+            found, note = [], f"{name} skipped: it is benchmarked greedy only"
         elif name == REFERENCE:
-            method, note = reference_method(target, block_size, stop_token_ids, draft_folder)
+            found, note = _listed(reference_method(target, block_size, stop_token_ids, draft_folder))
+        elif name == LLAMA_CPP:
+            found, note = _listed(llama_cpp_method(gguf, stop_token_ids))
         else:
-            method, note = llama_cpp_method(gguf, stop_token_ids)
-        if method is not None:
-            methods.append(method)
+            found, note = llama_dflash_methods(draft, gguf, draft_folder, llama_draft_max)
+        methods += found
         if note:
             notes.append(note)
     return methods, notes
+
+
+def _listed(built: tuple) -> tuple[list, str | None]:
+    method, note = built
+    return ([] if method is None else [method]), note
 
 
 def reference_method(target: Target, block_size: int, stop_token_ids: list[int],
@@ -288,3 +322,37 @@ def _pad_token_id(target: Target, stop_token_ids: list[int]) -> int:
         if isinstance(pad, int):
             return pad
     return stop_token_ids[0] if stop_token_ids else 0
+
+
+def llama_dflash_methods(draft, gguf: str | Path | None, draft_folder: str | Path | None,
+                         draft_max: Sequence[int]) -> tuple[list[LlamaDFlashMethod], str | None]:
+    """llama.cpp's DFlash at each draft length, one server each, when it can run here; else ([], why not)."""
+    import tempfile
+
+    from ..io.checkpoint import read_checkpoint
+    from ..io.gguf_draft import write_gguf_draft
+    from .llama_server import SERVER_ENV, LlamaServer, find_llama_server
+
+    binary = find_llama_server()
+    if importlib.util.find_spec("httpx") is None:
+        return [], f"{LLAMA_DFLASH} skipped: it talks to llama-server with httpx, not installed (pip install httpx)"
+    if binary is None:
+        return [], (f"{LLAMA_DFLASH} skipped: no llama-server binary (set ${SERVER_ENV} or put it on the PATH; "
+                    "benchmarks/README.md has the one-line build)")
+    if gguf is None or draft_folder is None:
+        return [], f"{LLAMA_DFLASH} skipped: it needs the target's GGUF (the embedded target) and a draft folder"
+    cfg, tensors = read_checkpoint(draft_folder)
+    file = Path(tempfile.mkdtemp(prefix="blockdraft-dflash-")) / "draft.gguf"
+    vocab = None if draft.vocab is None else draft.vocab.cpu()  # the proposal vocabulary the bench's draft uses
+    write_gguf_draft(file, cfg, tensors, gguf, "f16", vocab)
+    methods = []
+    try:
+        for n in draft_max:
+            name = LLAMA_DFLASH if len(draft_max) == 1 else f"{LLAMA_DFLASH}-n{n}"
+            server = LlamaServer(binary, Path(gguf), file, n, torch.get_num_threads(), cfg.max_position_embeddings)
+            methods.append(LlamaDFlashMethod(name, server, n))
+    except RuntimeError as error:  # a binary without DFlash, a refused file: report, don't abort the run
+        for method in methods:
+            method.close()
+        return [], f"{LLAMA_DFLASH} skipped: {error}"
+    return methods, None

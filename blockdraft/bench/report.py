@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .methods import BASELINE, HF_GENERATE, OURS
+from .methods import BASELINE, HF_GENERATE, LLAMA_CPP, LLAMA_DFLASH, OURS
 from .runner import BenchRun, BenchSettings
 from .summary import first_difference, merged_acceptance, summarize_method
 
@@ -52,6 +52,7 @@ def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, co
         "summary": summary,
         "acceptance": acceptance,
         "mismatches": _mismatches(run, compared),
+        "engine_checks": _engine_checks(run) if not sampled else [],
         "rows": run.rows,
     }
 
@@ -83,6 +84,42 @@ def _mismatches(run: BenchRun, names: list[str]) -> list[dict]:
     return found
 
 
+def _engine_checks(run: BenchRun) -> list[dict]:
+    """llama.cpp's DFlash against llama.cpp alone, per prompt: speculative decoding must give its own engine's
+    plain text (our baseline's may differ: another engine rounds otherwise). Where not, the first differing index
+    and the two tokens there."""
+    if LLAMA_CPP not in run.tokens:
+        return []
+    checks = []
+    for name in (n for n in run.methods if n.startswith(LLAMA_DFLASH)):
+        for i, (base, other) in enumerate(zip(run.tokens[LLAMA_CPP], run.tokens[name])):
+            index = first_difference(base, other)
+            tokens = None if index is None else [_token_at(base, index), _token_at(other, index)]
+            checks.append({"method": name, "reference": LLAMA_CPP, "prompt": run.prompt_ids[i],
+                           "first_difference": index, "tokens": tokens})
+    return checks
+
+
+def _token_at(tokens: list[int], index: int) -> int | None:
+    return tokens[index] if index < len(tokens) else None  # None: this one had stopped
+
+
+def engine_lines(document: dict) -> list[str]:
+    """One line per llama.cpp DFlash method: how many prompts equal llama.cpp alone, and where not, the token."""
+    by_method: dict[str, list[dict]] = {}
+    for check in document.get("engine_checks", []):
+        by_method.setdefault(check["method"], []).append(check)
+    lines = []
+    for name, checks in by_method.items():
+        differ = [c for c in checks if c["first_difference"] is not None]
+        line = f"{name}: {len(checks) - len(differ)} of {len(checks)} prompts equal {LLAMA_CPP}'s text"
+        if differ:
+            line += "; " + ", ".join(f"{c['prompt']} from new token {c['first_difference']} ({LLAMA_CPP} "
+                                     f"{c['tokens'][0]}, {name} {c['tokens'][1]})" for c in differ[:3])
+        lines.append(line)
+    return lines
+
+
 def _mismatch_count(run: BenchRun, name: str) -> int | None:
     if BASELINE not in run.tokens:
         return None
@@ -99,6 +136,9 @@ def summary_line(document: dict, out_dir: str | Path | None = None) -> str:
                  "mismatches": m["mismatches_vs_ours_baseline"]}
         if name in document["acceptance"]:
             entry["mean_tau"] = document["acceptance"][name]["mean_tau"]
+        checks = [c for c in document.get("engine_checks", []) if c["method"] == name]
+        if checks:
+            entry["equal_llama_cpp"] = sum(c["first_difference"] is None for c in checks)
         methods[name] = entry
     line = {"bench": s.get("prompt_set"), "prompts": s["prompts"], "K": s["block_size"], "N": s["max_new_tokens"],
             "batch_size": s["batch_size"], "dtype": s.get("dtype"), "device": document["hardware"].get("device"),
@@ -118,7 +158,8 @@ def save_json(document: dict, out_dir: str | Path) -> Path:
 def render(document: dict, console: Console) -> None:
     """The settings line, the per-method table and the acceptance table."""
     s, hw = document["settings"], document["hardware"]
-    console.print(f"[bold]{hw['device']}[/bold] | torch {hw['torch']} | transformers {hw['transformers']} | "
+    weights = f" | weights {hw['weights']}" if hw.get("weights") else ""
+    console.print(f"[bold]{hw['device']}[/bold] | torch {hw['torch']} | transformers {hw['transformers']}{weights} | "
                   f"{document['date']}")
     window = s.get("draft_window")
     bounded = f" | draft context: first {window['sinks']} + latest {window['window']} positions" if window else ""
@@ -132,6 +173,8 @@ def render(document: dict, console: Console) -> None:
         console.print(f"[yellow]note: {note}[/yellow]")
     for line in mismatch_lines(document):
         console.print(f"[yellow]{line}[/yellow]")
+    for line in engine_lines(document):
+        console.print(line)
 
 
 def mismatch_lines(document: dict) -> list[str]:

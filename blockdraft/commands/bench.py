@@ -22,7 +22,7 @@ from ..io.drafts import DEFAULT_DRAFT
 from ..io.targets import EMBEDDED_TARGET, embedded_gguf_path, load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
-from .common import add_model_arguments, add_sampling_arguments, context_window, prepare
+from .common import add_model_arguments, add_sampling_arguments, context_window, layer_ids, prepare
 
 
 def add_arguments(parser) -> None:
@@ -37,6 +37,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated methods to run (default: all): {', '.join(METHODS)}; "
                              f"{' and '.join(REQUIRED)} always run")
+    parser.add_argument("--llama-draft-max", default="3",
+                        help="llama-cpp-dflash: llama.cpp's draft length (--spec-draft-n-max); a comma-separated "
+                             "list runs one method per length (default 3, the best of 2, 3, 4 and 8 measured)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
     sampling = add_sampling_arguments(parser, "every method samples with these (default: greedy); texts are then "
                                       "compared only with --sampler coupled, and only ours", 0,
@@ -53,6 +56,9 @@ def run(args) -> int:
         if value <= 0:
             raise InputError(f"`{flag}` must be a positive integer, got {value}")
     methods = choose_methods(args.methods)  # a misspelt method fails before anything loads
+    llama_draft_max = layer_ids(args.llama_draft_max, "--llama-draft-max", "draft lengths such as 2,3,4,8")
+    if not llama_draft_max or min(llama_draft_max) < 1:
+        raise InputError(f"`--llama-draft-max` must list draft lengths >= 1, got {args.llama_draft_max!r}")
     window = context_window(args)
     prepare(args)
     # Bad sampling parameters fail here too, with SamplingParams' message naming the parameter and the fix.
@@ -89,7 +95,8 @@ def run(args) -> int:
                   names=[f"{p.set}:{p.id}" for p in prompts])
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              methods=methods, sampling=None if sampling.greedy else sampling,
-                             coupled=args.sampler == "coupled" and not sampling.greedy)
+                             coupled=args.sampler == "coupled" and not sampling.greedy,
+                             llama_draft_max=tuple(llama_draft_max))
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),
                "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks},

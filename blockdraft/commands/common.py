@@ -218,11 +218,11 @@ def add_decode_arguments(parser, what: str = "prompt") -> None:
                              "(they are measured once per machine; do this after a first run on a busy machine)")
 
 
-def layer_ids(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """Comma-separated target layer numbers (`--target-layer-ids 1,27`) as a tuple; None for an empty option."""
+def layer_ids(text: str | None, flag: str, what: str = "layer numbers such as 1,27") -> tuple[int, ...] | None:
+    """Comma-separated integers (`--target-layer-ids 1,27`) as a tuple; None for an empty option."""
     if not text:
         return None
     try:
         return tuple(int(i) for i in text.split(","))
     except ValueError as error:
-        raise ConfigError(f"{flag} must be comma-separated layer numbers such as 1,27, got {text!r}") from error
+        raise ConfigError(f"{flag} must be comma-separated {what}, got {text!r}") from error
