@@ -332,8 +332,19 @@ def test_llama_cpp_dflash_is_checked_against_llama_cpp_alone():
         "llama-cpp-dflash-n8 4)",
     ]
     line = json.loads(summary_line(document))
-    assert line["methods"]["llama-cpp-dflash-n8"]["equal_llama_cpp"] == 1
-    assert "equal_llama_cpp" not in line["methods"]["llama-cpp"]
+    assert line["methods"]["llama-cpp-dflash-n8"]["equal_llama_cpp_alone"] == 1
+    assert "equal_llama_cpp_alone" not in line["methods"]["llama-cpp"]
     console = Console(record=True, width=200)
     render(document, console)
     assert "weights q4 (int4 layers)" in console.export_text(), "the header must say which weights ran"
+
+
+def test_llama_cpp_dflash_prefers_its_own_server_as_reference():
+    """Where the plain server ran, it is the reference: llama-cpp-python rounds some near-ties otherwise."""
+    from blockdraft.bench.report import _engine_checks
+    from blockdraft.bench.runner import BenchRun
+
+    tokens = {"ours-baseline": [[5, 6]], "llama-cpp": [[5, 1]], "llama-cpp-server": [[5, 6]],
+              "llama-cpp-dflash": [[5, 6]]}
+    [check] = _engine_checks(BenchRun(list(tokens), ["set:a"], [], tokens))
+    assert check["reference"] == "llama-cpp-server" and check["first_difference"] is None

@@ -1,12 +1,12 @@
-"""llama.cpp's DFlash as a bench method (bench/llama_server.py, methods.LlamaDFlashMethod), without the binary:
+"""llama.cpp's server as bench methods (bench/llama_server.py), without the binary:
 the acceptance read from the server's log, and the method skipped with a note where the binary is missing."""
 
 from __future__ import annotations
 
 import pytest
 
-from blockdraft.bench.llama_server import SERVER_ENV, find_llama_server, step_stats
-from blockdraft.bench.methods import LLAMA_DFLASH, LlamaDFlashMethod, llama_dflash_methods
+from blockdraft.bench.llama_server import SERVER_ENV, ServerMethod, find_llama_server, server_methods, step_stats
+from blockdraft.bench.methods import LLAMA_DFLASH, LLAMA_SERVER
 
 LOG = """slot update_slots: id  0 | task 5 | accepted  2/ 3 draft tokens
 slot update_slots: id  0 | task 5 | accepted  0/ 3 draft tokens
@@ -37,9 +37,14 @@ class FakeServer:
         self.closed = True
 
 
+def test_plain_server_method_has_no_tau():
+    [decoded] = ServerMethod(LLAMA_SERVER, FakeServer(), None).decode([[1, 2, 3]], 16)
+    assert decoded.tokens == list(range(12)) and decoded.stats is None
+
+
 def test_method_returns_tokens_and_stats():
     server = FakeServer()
-    method = LlamaDFlashMethod(LLAMA_DFLASH, server, 3)
+    method = ServerMethod(LLAMA_DFLASH, server, 3)
     [decoded] = method.decode([[1, 2, 3]], 16)
     assert decoded.tokens == list(range(12)) and decoded.stats.steps == 6
     method.close()
@@ -49,5 +54,6 @@ def test_method_returns_tokens_and_stats():
 def test_missing_binary_skips_with_a_note(monkeypatch, tmp_path):
     monkeypatch.setenv(SERVER_ENV, str(tmp_path / "no-such-llama-server"))
     assert find_llama_server() is None
-    methods, note = llama_dflash_methods(None, tmp_path / "t.gguf", tmp_path, (3,))
-    assert methods == [] and "llama-server" in note and SERVER_ENV in note
+    for name in (LLAMA_SERVER, LLAMA_DFLASH):
+        methods, note = server_methods(name, None, tmp_path / "t.gguf", tmp_path, (3,))
+        assert methods == [] and note.startswith(name) and "llama-server" in note and SERVER_ENV in note

@@ -15,9 +15,11 @@
 - `llama-cpp`: llama.cpp (`llama-cpp-python`) greedy on the target's GGUF file at its own precision, fed our
   prompt token ids, on as many threads as torch; only when it is importable and the target is a GGUF (the
   embedded one); never a dependency.
-- `llama-cpp-dflash`: llama.cpp's own DFlash speculative decoding (`llama-server --spec-type draft-dflash`,
-  bench/llama_server.py) on the same GGUF target with our draft exported to its GGUF (io/gguf_draft.py), one
-  method per draft length asked (`llama-cpp-dflash-n3` ...); only where the binary is found.
+- `llama-cpp-server`: llama.cpp's server binary alone on the same GGUF (bench/llama_server.py): the plain decode
+  its DFlash is checked against (it may round otherwise than `llama-cpp`: other default kernels).
+- `llama-cpp-dflash`: llama.cpp's own DFlash speculative decoding (`llama-server --spec-type draft-dflash`) on
+  the same GGUF target with our draft exported to its GGUF (io/gguf_draft.py), one method per draft length asked
+  (`llama-cpp-dflash-n3` ...); both only where the binary is found.
 
 Every method decodes greedily, or with `sampling` samples with the same parameters (each call of ours from its
 own seeds, `Sampled`, by rejection or coupled; HF's from its global generator, seeded per call), with the same
@@ -48,9 +50,9 @@ PROMPT_LOOKUP_NUM_TOKENS = 10
 BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP = (
     "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
     "blockdraft-lookup", "dflash-reference", "llama-cpp")
-LLAMA_DFLASH = "llama-cpp-dflash"
+LLAMA_SERVER, LLAMA_DFLASH = "llama-cpp-server", "llama-cpp-dflash"
 METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP,
-           LLAMA_DFLASH)
+           LLAMA_SERVER, LLAMA_DFLASH)
 OURS = (BASELINE, SPECULATIVE, TREE, ADAPTIVE, LOOKUP)  # our decode loop: coupled samples compare across these
 REQUIRED = (BASELINE, HF_GENERATE)  # every speedup is against these, and every output is checked against the first
 
@@ -196,26 +198,6 @@ class LlamaCppMethod:
         return Decoded(tokens)
 
 
-class LlamaDFlashMethod:
-    """llama.cpp's DFlash decode through one llama-server process (bench/llama_server.py), one prompt at a time."""
-
-    def __init__(self, name: str, server, draft_max: int) -> None:
-        self.name, self.server, self.draft_max = name, server, draft_max
-
-    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
-        from .llama_server import step_stats
-
-        decoded = []
-        for prompt in prompts:
-            tokens, timings, log = self.server.complete(prompt, max_new_tokens)
-            stats = step_stats(log, len(tokens), self.draft_max, timings.get("draft_n_accepted", 0))
-            decoded.append(Decoded(tokens, stats))
-        return decoded
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def choose_methods(names: str | Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run, in their base order, from a comma-separated list (None: all of them); the two
     references are always kept. An unknown name is refused with the known ones."""
@@ -258,7 +240,7 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
     ]
     methods = [m for m in methods if m.name in names]
     notes = []
-    for name in (REFERENCE, LLAMA_CPP, LLAMA_DFLASH):
+    for name in (REFERENCE, LLAMA_CPP, LLAMA_SERVER, LLAMA_DFLASH):
         if name not in names:
             continue
         if sampling is not None and not sampling.greedy:
@@ -268,7 +250,10 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         elif name == LLAMA_CPP:
             found, note = _listed(llama_cpp_method(gguf, stop_token_ids))
         else:
-            found, note = llama_dflash_methods(draft, gguf, draft_folder, llama_draft_max)
+            from .llama_server import server_methods
+
+            found, note = server_methods(name, draft, gguf, draft_folder,
+                                         llama_draft_max if name == LLAMA_DFLASH else (None,))
         methods += found
         if note:
             notes.append(note)
@@ -323,36 +308,3 @@ def _pad_token_id(target: Target, stop_token_ids: list[int]) -> int:
             return pad
     return stop_token_ids[0] if stop_token_ids else 0
 
-
-def llama_dflash_methods(draft, gguf: str | Path | None, draft_folder: str | Path | None,
-                         draft_max: Sequence[int]) -> tuple[list[LlamaDFlashMethod], str | None]:
-    """llama.cpp's DFlash at each draft length, one server each, when it can run here; else ([], why not)."""
-    import tempfile
-
-    from ..io.checkpoint import read_checkpoint
-    from ..io.gguf_draft import write_gguf_draft
-    from .llama_server import SERVER_ENV, LlamaServer, find_llama_server
-
-    binary = find_llama_server()
-    if importlib.util.find_spec("httpx") is None:
-        return [], f"{LLAMA_DFLASH} skipped: it talks to llama-server with httpx, not installed (pip install httpx)"
-    if binary is None:
-        return [], (f"{LLAMA_DFLASH} skipped: no llama-server binary (set ${SERVER_ENV} or put it on the PATH; "
-                    "benchmarks/README.md has the one-line build)")
-    if gguf is None or draft_folder is None:
-        return [], f"{LLAMA_DFLASH} skipped: it needs the target's GGUF (the embedded target) and a draft folder"
-    cfg, tensors = read_checkpoint(draft_folder)
-    file = Path(tempfile.mkdtemp(prefix="blockdraft-dflash-")) / "draft.gguf"
-    vocab = None if draft.vocab is None else draft.vocab.cpu()  # the proposal vocabulary the bench's draft uses
-    write_gguf_draft(file, cfg, tensors, gguf, "f16", vocab)
-    methods = []
-    try:
-        for n in draft_max:
-            name = LLAMA_DFLASH if len(draft_max) == 1 else f"{LLAMA_DFLASH}-n{n}"
-            server = LlamaServer(binary, Path(gguf), file, n, torch.get_num_threads(), cfg.max_position_embeddings)
-            methods.append(LlamaDFlashMethod(name, server, n))
-    except RuntimeError as error:  # a binary without DFlash, a refused file: report, don't abort the run
-        for method in methods:
-            method.close()
-        return [], f"{LLAMA_DFLASH} skipped: {error}"
-    return methods, None

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .methods import BASELINE, HF_GENERATE, LLAMA_CPP, LLAMA_DFLASH, OURS
+from .methods import BASELINE, HF_GENERATE, LLAMA_CPP, LLAMA_DFLASH, LLAMA_SERVER, OURS
 from .runner import BenchRun, BenchSettings
 from .summary import first_difference, merged_acceptance, summarize_method
 
@@ -86,16 +86,17 @@ def _mismatches(run: BenchRun, names: list[str]) -> list[dict]:
 
 def _engine_checks(run: BenchRun) -> list[dict]:
     """llama.cpp's DFlash against llama.cpp alone, per prompt: speculative decoding must give its own engine's
-    plain text (our baseline's may differ: another engine rounds otherwise). Where not, the first differing index
-    and the two tokens there."""
-    if LLAMA_CPP not in run.tokens:
+    plain text (our baseline's may differ: another engine rounds otherwise), its server's when that ran, else
+    llama-cpp-python's. Where not, the first differing index and the two tokens there."""
+    reference = next((n for n in (LLAMA_SERVER, LLAMA_CPP) if n in run.tokens), None)
+    if reference is None:
         return []
     checks = []
     for name in (n for n in run.methods if n.startswith(LLAMA_DFLASH)):
-        for i, (base, other) in enumerate(zip(run.tokens[LLAMA_CPP], run.tokens[name])):
+        for i, (base, other) in enumerate(zip(run.tokens[reference], run.tokens[name])):
             index = first_difference(base, other)
             tokens = None if index is None else [_token_at(base, index), _token_at(other, index)]
-            checks.append({"method": name, "reference": LLAMA_CPP, "prompt": run.prompt_ids[i],
+            checks.append({"method": name, "reference": reference, "prompt": run.prompt_ids[i],
                            "first_difference": index, "tokens": tokens})
     return checks
 
@@ -112,9 +113,10 @@ def engine_lines(document: dict) -> list[str]:
     lines = []
     for name, checks in by_method.items():
         differ = [c for c in checks if c["first_difference"] is not None]
-        line = f"{name}: {len(checks) - len(differ)} of {len(checks)} prompts equal {LLAMA_CPP}'s text"
+        reference = checks[0]["reference"]
+        line = f"{name}: {len(checks) - len(differ)} of {len(checks)} prompts equal {reference}'s text"
         if differ:
-            line += "; " + ", ".join(f"{c['prompt']} from new token {c['first_difference']} ({LLAMA_CPP} "
+            line += "; " + ", ".join(f"{c['prompt']} from new token {c['first_difference']} ({reference} "
                                      f"{c['tokens'][0]}, {name} {c['tokens'][1]})" for c in differ[:3])
         lines.append(line)
     return lines
@@ -138,7 +140,7 @@ def summary_line(document: dict, out_dir: str | Path | None = None) -> str:
             entry["mean_tau"] = document["acceptance"][name]["mean_tau"]
         checks = [c for c in document.get("engine_checks", []) if c["method"] == name]
         if checks:
-            entry["equal_llama_cpp"] = sum(c["first_difference"] is None for c in checks)
+            entry["equal_llama_cpp_alone"] = sum(c["first_difference"] is None for c in checks)
         methods[name] = entry
     line = {"bench": s.get("prompt_set"), "prompts": s["prompts"], "K": s["block_size"], "N": s["max_new_tokens"],
             "batch_size": s["batch_size"], "dtype": s.get("dtype"), "device": document["hardware"].get("device"),
