@@ -28,13 +28,20 @@ def add_arguments(parser) -> None:
                              "drafts miss, with prompt-lookup runs grafted on; seeded samples keep a tree of K nodes)")
     parser.add_argument("--max-batch", type=int, default=8, help="most requests decoded together in one batch")
     parser.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask")
+    parser.add_argument("--max-queue", type=int, default=64,
+                        help="most requests waiting for a row; past it a request gets 429 with Retry-After")
+    parser.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                        help="end a request not finished within this many seconds, queueing included (504, or a "
+                             "final error event when streaming) and free its row (default: no limit)")
+    parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+                        help="on SIGTERM or Ctrl-C, refuse new requests (503) and let running ones finish for up "
+                             "to this long before ending them; then exit 0 (default: 30)")
 
 
 def run(args) -> int:
     try:
-        import uvicorn
-
         from ..server import create_app
+        from ..server.shutdown import serve
     except ImportError as error:
         raise ConfigError(f"`blockdraft serve` needs the serve extra ({error.name} is missing); "
                           "run `pip install 'blockdraft[serve]'`") from error
@@ -43,6 +50,8 @@ def run(args) -> int:
 
     if not 0 < args.port < 65536:
         raise InputError(f"`--port` must be in 1..65535, got {args.port}; pick a free port such as 8000")
+    if not args.shutdown_grace >= 0:
+        raise InputError(f"`--shutdown-grace` must be 0 or more seconds, got {args.shutdown_grace}; pass e.g. 30")
     window = context_window(args)
     check_port_free(args.host, args.port)
     prepare(args)
@@ -58,9 +67,10 @@ def run(args) -> int:
                       "(output is exact, acceptance is near 1)[/yellow]")
     with console.status(f"measuring step costs up to {args.max_batch} rows (once per machine, then cached)"):
         app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
-                         max_tokens_limit=args.max_tokens_limit,
+                         max_tokens_limit=args.max_tokens_limit, max_queue=args.max_queue,
+                         request_timeout=args.request_timeout,
                          options=replace(PRESETS["chain"] if args.fixed_block else DecodeOptions(), window=window))
     mode = "target alone" if draft is None else f"speculative, K={draft.config.block_size}"
     console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    serve(app, host=args.host, port=args.port, grace=args.shutdown_grace)
     return 0

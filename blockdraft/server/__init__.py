@@ -2,7 +2,8 @@
 
 schema.py (requests, responses, errors), worker.py (the thread that owns the model and batches requests),
 responses.py (a request's tokens -> text -> whole or streamed answer), stops.py (stop strings),
-prometheus.py (metrics), app.py (routes, limits, errors -> HTTP codes). Needs the `serve` extra.
+prometheus.py (metrics), app.py (routes, limits, errors -> HTTP codes), shutdown.py (uvicorn with a draining
+SIGTERM). Needs the `serve` extra.
 """
 
 from .app import create_app

@@ -3,11 +3,13 @@
 Routes: POST /v1/chat/completions and POST /v1/completions (whole JSON, or server-sent events ending with
 `data: [DONE]` when `stream` is true), GET /v1/models, GET /health, GET /metrics (Prometheus text).
 With an API key, the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open for probes.
+/health answers 200 `{"status": "ok"}`, or 503 with "draining" (shutting down, shutdown.py) or "worker stopped".
 
 Every response carries an `x-request-id` header. Errors are OpenAI-shaped JSON,
 `{"error": {"message", "type", "param", "code", "request_id"}}`: 400 for a request we refuse (naming the field),
-401 for a wrong key, 404 for an unknown route or model, 413 for a body over the limit, 500 when decoding failed
-(the worker survives; the id finds the traceback in the log), 503 while shutting down.
+401 for a wrong key, 404 for an unknown route or model, 413 for a body over the limit, 429 (with Retry-After) when
+`max_queue` requests are waiting already, 500 when decoding failed (the worker survives; the id finds the
+traceback in the log), 503 while shutting down, 504 for a request not finished within `request_timeout` seconds.
 """
 
 from __future__ import annotations
@@ -33,21 +35,24 @@ from ..io.prompts import encode_prompt
 from .prometheus import ServerMetrics
 from .responses import Answer
 from .schema import ApiError, ChatCompletionRequest, CompletionFields, CompletionRequest, Reply, Usage
-from .worker import Worker
+from .worker import Closed, QueueFull, Worker
 
 PYTHON_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-after"}  # pydantic union branches
+RETRY_AFTER_SECONDS = 2  # what a 429 asks a client to wait: about one short batch on a small CPU
 
 
 def create_app(target, draft, *, model_id: str | None = None, api_key: str | None = None, max_batch: int = 8,
-               max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20,
-               options: DecodeOptions | None = None) -> FastAPI:
+               max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20, max_queue: int = 64,
+               request_timeout: float | None = None, options: DecodeOptions | None = None) -> FastAPI:
     """The server app for one target (and draft, or None for the target alone); the worker runs in its lifespan.
 
     `options` is how every request decodes (decode/options.py; None: the defaults, adaptive token trees with
-    lookups grafted on); each request brings its own sampling parameters.
+    lookups grafted on); each request brings its own sampling parameters. At most `max_queue` requests wait for
+    a row; `request_timeout` (seconds, None: no limit) ends a request not finished by then, and frees its row.
     """
     service = Service(Decoder(target, draft, options), model_id=model_id, api_key=api_key, max_batch=max_batch,
-                      max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
+                      max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes, max_queue=max_queue,
+                      request_timeout=request_timeout)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -73,8 +78,8 @@ def create_app(target, draft, *, model_id: str | None = None, api_key: str | Non
 class Service:
     """The route handlers, over one target, its worker and the server's limits."""
 
-    def __init__(self, decoder: Decoder, *, model_id, api_key, max_batch, max_tokens_limit,
-                 max_body_bytes) -> None:
+    def __init__(self, decoder: Decoder, *, model_id, api_key, max_batch, max_tokens_limit, max_body_bytes,
+                 max_queue, request_timeout) -> None:
         target = decoder.target
         if target.tokenizer is None:
             raise ConfigError("the server needs the target's tokenizer to read prompts and write text, and the "
@@ -82,12 +87,19 @@ class Service:
         if min(max_batch, max_tokens_limit, max_body_bytes) < 1:
             raise ConfigError(f"--max-batch ({max_batch}), --max-tokens-limit ({max_tokens_limit}) and the body "
                               f"limit ({max_body_bytes}) must be positive; pass values of at least 1")
+        if max_queue < 1:
+            raise ConfigError(f"--max-queue must be at least 1 (requests that may wait), got {max_queue}; pass 1 or "
+                              "more (default 64)")
+        if request_timeout is not None and not request_timeout > 0:
+            raise ConfigError(f"--request-timeout must be a positive number of seconds, got {request_timeout}; "
+                              "pass e.g. 300, or leave it out for no limit")
         self.target = target
         self.model_id = model_id or target.name or "blockdraft"
         self.api_key = api_key
         self.max_tokens_limit = max_tokens_limit
         self.max_body_bytes = max_body_bytes
-        self.worker = Worker(decoder, max_batch=max_batch)
+        self.request_timeout = request_timeout
+        self.worker = Worker(decoder, max_batch=max_batch, max_queue=max_queue)
         self.started = int(time.time())
 
     async def authorize(self, request: Request) -> None:
@@ -133,13 +145,13 @@ class Service:
 
     async def health(self):
         worker = self.worker
-        state = {"status": "ok" if worker.alive else "worker stopped", "model": self.model_id,
-                 "speculative": worker.decoder.speculative, "block_size": worker.block_size,
-                 "queue_depth": worker.queue_depth}
-        return JSONResponse(state, status_code=200 if worker.alive else 503)
+        status = "worker stopped" if not worker.alive else "draining" if worker.closed else "ok"
+        state = {"status": status, "model": self.model_id, "speculative": worker.decoder.speculative,
+                 "block_size": worker.block_size, "queue_depth": worker.queue_depth}
+        return JSONResponse(state, status_code=200 if status == "ok" else 503)
 
     async def prometheus(self):
-        text = self.worker.metrics.render(self.worker.queue_depth)
+        text = self.worker.metrics.render(self.worker.queue_depth, self.worker.active_rows)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def _parse(self, request: Request, model):
@@ -154,10 +166,14 @@ class Service:
         request_id = request.state.request_id
         try:
             job = self.worker.submit(request_id, prompt, max_tokens, body.sampling(body.seed))
-        except RuntimeError as error:
-            raise ApiError(503, f"{error}; retry against a running server") from error
+        except QueueFull as error:
+            raise ApiError(429, f"the server is at capacity: {error}; retry after {RETRY_AFTER_SECONDS} s, or start "
+                           "it with a larger --max-queue or --max-batch", code="queue_full",
+                           headers={"retry-after": str(RETRY_AFTER_SECONDS)}) from error
+        except Closed as error:
+            raise ApiError(503, f"{error}; retry against a running server", code="unavailable") from error
         answer = Answer(job, Reply(request_id, self.model_id, chat), self.target.tokenizer, body.stop_strings(),
-                        Usage(len(prompt)), self.worker.metrics)
+                        Usage(len(prompt)), self.worker.metrics, timeout=self.request_timeout)
         await answer.start()
         if body.stream:
             return answer.stream(body.stream_options is not None and body.stream_options.include_usage)
@@ -194,7 +210,7 @@ class Observe:
 
 
 async def api_error(request: Request, error: ApiError):
-    return JSONResponse(error.body(request.state.request_id), status_code=error.status)
+    return JSONResponse(error.body(request.state.request_id), status_code=error.status, headers=error.headers)
 
 
 async def http_error(request: Request, error: HTTPException):

@@ -1,10 +1,10 @@
 """The server's counters, rendered in the Prometheus text exposition format (version 0.0.4) by hand.
 
 Four families of numbers: HTTP requests (by route and status, with a latency histogram), tokens (prompt and
-completion), decode batches, and acceptance. Acceptance pools every row of every batch into one
-`AcceptanceStats`, so `blockdraft_tau` is the histogram of tau over 1..K (steps past K only in +Inf) with `_sum` =
-returned tokens and `_count` = verify steps: `_sum / _count` is the pooled mean tau, bonus included
-(blockdraft.metrics).
+completion), decode batches (with the queue and the rows decoding now), and acceptance. Acceptance pools every
+row of every batch into one `AcceptanceStats`, so `blockdraft_tau` is the histogram of tau over 1..K (steps past
+K only in +Inf) with `_sum` = returned tokens and `_count` = verify steps: `_sum / _count` is the pooled mean
+tau, bonus included (blockdraft.metrics).
 Routes outside the served set are counted as "other", so a scan of random paths cannot grow the label set.
 """
 
@@ -80,7 +80,7 @@ class ServerMetrics:
             self.batch_rows.observe(rows)
             self.acceptance = self.acceptance.merge(stats)
 
-    def render(self, queue_depth: int) -> str:
+    def render(self, queue_depth: int, active_rows: int) -> str:
         with self._lock:
             lines = _family("blockdraft_requests_total", "counter", "HTTP requests by route and status code.")
             for (route, status), n in sorted(self.requests.items()):
@@ -94,6 +94,9 @@ class ServerMetrics:
                       f'blockdraft_tokens_total{{kind="completion"}} {self.completion_tokens}']
             lines += _family("blockdraft_queue_depth", "gauge", "Requests waiting for the next batch.")
             lines.append(f"blockdraft_queue_depth {queue_depth}")
+            lines += _family("blockdraft_active_rows", "gauge", "Rows the running batch decodes; a row whose client "
+                             "left or timed out leaves it at the next step.")
+            lines.append(f"blockdraft_active_rows {active_rows}")
             lines += _family("blockdraft_batch_rows", "histogram", "Requests decoded together in one batch.")
             lines += self.batch_rows.lines("blockdraft_batch_rows", "")
             lines += self._acceptance_lines()

@@ -6,7 +6,8 @@ concatenate to exactly the text of the same request without streaming.
 
 The answer waits for its first piece before the HTTP status is chosen, so a batch that fails at prefill still
 gets a real 500. A stream that fails later has already sent 200; it ends with one `data: {"error": ...}` event.
-A client that leaves (either kind of answer) cancels its row in the worker.
+A client that leaves (either kind of answer) cancels its row in the worker. With a `timeout`, a request not
+finished within it gets a 504 (or, streaming, an error event and `data: [DONE]`) and cancels its row likewise.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from .worker import Failed, Job
 
 class Answer:
     def __init__(self, job: Job, reply: Reply, tokenizer, stops: list[str], usage: Usage,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, timeout: float | None = None) -> None:
         self.job, self.reply, self.usage, self.metrics = job, reply, usage, metrics
+        self.timeout = timeout
+        self.deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         self.pieces = self._pieces(TextStream(tokenizer), StopStrings(stops))
         self.first: tuple[str, str | None] = ("", None)
 
@@ -71,7 +74,9 @@ class Answer:
     async def _pieces(self, text: TextStream, stop: StopStrings):
         """(new text, finish_reason) pairs; the last one has the reason. ApiError 500 if the batch fails."""
         while True:
-            event = await self.job.next_event()
+            event = await self._next_event()
+            if isinstance(event, Failed) and event.status == 503:
+                raise ApiError(503, event.message, code="unavailable")
             if isinstance(event, Failed):
                 raise ApiError(500, f"decoding failed ({event.message}); the server keeps serving: retry, and "
                                f"report request id {self.job.request_id} if it repeats", code="internal_error")
@@ -86,6 +91,17 @@ class Answer:
             yield piece, event.finish_reason
             if event.finish_reason is not None:
                 return
+
+    async def _next_event(self):
+        """The worker's next event for this request; ApiError 504 once the deadline has passed."""
+        if self.deadline is None:
+            return await self.job.next_event()
+        try:
+            return await asyncio.wait_for(self.job.next_event(), self.deadline - asyncio.get_running_loop().time())
+        except asyncio.TimeoutError:
+            raise ApiError(504, f"the request did not finish within this server's --request-timeout of "
+                           f"{self.timeout:g} s; ask for fewer tokens (max_tokens), retry when the server is less "
+                           "busy, or start it with a longer --request-timeout", code="timeout") from None
 
     async def _events(self, include_usage: bool):
         """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""

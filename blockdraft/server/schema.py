@@ -22,15 +22,18 @@ from pydantic_core import PydanticCustomError
 from ..sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit; each one is matched against the growing text after every step
-ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 500: "server_error", 503: "server_error"}
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 500: "server_error",
+               503: "server_error", 504: "timeout_error"}
 
 
 class ApiError(Exception):
     """A request answered with an error: HTTP status and OpenAI's error object (plus the request id)."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers  # extra response headers (Retry-After on a 429)
 
     def body(self, request_id: str) -> dict:
         kind = ERROR_TYPES.get(self.status, "invalid_request_error")

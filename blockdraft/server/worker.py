@@ -20,6 +20,10 @@ Once every row of a batch is cancelled or done, the batch stops at once.
 
 Failures. An exception in a batch fails that batch's unfinished requests (each gets a `Failed` event, answered
 with a 500 and its request id); the worker logs it and goes on with the next batch.
+
+Load. At most `max_queue` requests wait; past that `submit` raises QueueFull (a 429), so an overload is refused at
+once instead of growing a backlog no client will wait for. `close` stops admitting (a 503) while queued and running requests are still served; `stop` ends the running batch
+after its current step, and every unfinished request gets a `Failed` event with status 503.
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ from .prometheus import ServerMetrics
 log = logging.getLogger("blockdraft.server")
 
 JOIN_ROOM = 1024  # positions (prompt plus max_tokens) a batch's caches keep for requests joining it, at least
+SHUTDOWN = "the server shut down before this request finished; retry against a running server"
+
+
+class QueueFull(Exception):
+    """`submit` refused a request: `max_queue` requests are waiting already."""
+
+
+class Closed(Exception):
+    """`submit` refused a request: the server is shutting down (or measuring costs failed)."""
 
 
 @dataclass
@@ -52,6 +65,7 @@ class Tokens:
 @dataclass
 class Failed:
     message: str  # what went wrong in the batch, for the error response
+    status: int = 500  # 500: decoding failed; 503: the server stopped before the request finished
 
 
 class Job:
@@ -91,10 +105,10 @@ class Job:
         self.done = finish_reason is not None
         self._send(Tokens(tokens, finish_reason))
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, status: int = 500) -> None:
         if not self.done:
             self.done = True
-            self._send(Failed(message))
+            self._send(Failed(message, status))
 
     def _send(self, event) -> None:
         if self.cancelled:
@@ -106,20 +120,24 @@ class Job:
 
 
 class Worker:
-    def __init__(self, decoder: Decoder, *, max_batch: int) -> None:
+    def __init__(self, decoder: Decoder, *, max_batch: int, max_queue: int = 64) -> None:
         self.decoder = decoder
         self.target = decoder.target
         self.block_size = decoder.block_size()
         self.max_batch = max_batch
+        self.max_queue = max_queue
         # Every batch decodes with the decoder's options (adaptive token trees with lookups grafted on, unless the
         # server was started otherwise) and fresh width policies: a request's widths follow its own acceptance
         # and the cost model measured here once, never what earlier requests did, so the same request gives the
         # same tokens every time (docs/design.md §14).
         decoder.costs(max_batch)
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
+        self.active_rows = 0  # rows the running decode keeps (worker thread writes, /metrics reads)
         self._pending: deque[Job] = deque()
         self._ready = threading.Condition()
-        self._stopping = False
+        self._closed = False  # no new requests (draining for a shutdown)
+        self._stopping = False  # the thread ends: queued requests failed, the running batch ends after its step
+        self._busy = False  # a batch is decoding
         self._thread = threading.Thread(target=self._loop, name="blockdraft-worker", daemon=True)
 
     @property
@@ -127,29 +145,51 @@ class Worker:
         return self._thread.is_alive()
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def queue_depth(self) -> int:
         return len(self._pending)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing decoding and nothing waiting (requests whose clients left do not count)."""
+        with self._ready:
+            return not self._busy and all(job.cancelled for job in self._pending)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish the running batch, fail the queued requests, and end the thread."""
+    def close(self) -> None:
+        """Admit no new request; the queued and running ones are still served."""
         with self._ready:
-            self._stopping = True
+            self._closed = True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Fail the queued requests, end the running batch after its current step (its unfinished rows fail with
+        a 503), and end the thread."""
+        with self._ready:
+            self._closed = self._stopping = True
             waiting, self._pending = list(self._pending), deque()
             self._ready.notify()
         for job in waiting:
-            job.fail("the server is shutting down; retry against a running server")
+            job.fail(SHUTDOWN, status=503)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Job:
-        """Queue one request (call it on the event loop that will read the job's events)."""
+        """Queue one request (call it on the event loop that will read the job's events). Raises Closed while
+        shutting down and QueueFull when `max_queue` requests are waiting."""
         job = Job(request_id, prompt, max_tokens, sampling, asyncio.get_running_loop())
         with self._ready:
-            if self._stopping:
-                raise RuntimeError("the worker is stopped; the server is shutting down")
+            if self._closed:
+                raise Closed("the server is shutting down")
+            if len(self._pending) >= self.max_queue:  # those whose clients left first make room
+                self._pending = deque(queued for queued in self._pending if not queued.cancelled)
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull(f"{len(self._pending)} requests are waiting, this server's limit (--max-queue "
+                                f"{self.max_queue})")
             self._pending.append(job)
             self._ready.notify()
         return job
@@ -157,6 +197,7 @@ class Worker:
     def _loop(self) -> None:
         while (batch := self._take_batch()) is not None:
             self._run(batch)
+            del batch  # the finished requests are not kept alive while the worker waits for the next one
 
     def _take_batch(self) -> list[Job] | None:
         """Block until a request is queued; return it with every queued request that can share its batch."""
@@ -179,6 +220,7 @@ class Worker:
                     batch.append(job)
                     self._pending.remove(job)
                     longest, budget = max(longest, len(job.prompt)), max(budget, job.max_tokens)
+            self._busy = True
             return batch
 
     def _take_joining(self, group: SamplingParams, coupled: bool, room: int, free: int) -> list[Job]:
@@ -206,6 +248,10 @@ class Worker:
             for job in batch:
                 job.fail(f"{type(error).__name__}: {error}")
         finally:
+            if self._stopping:  # rows stopped before they finished end with a 503 (a no-op for finished ones)
+                for job in batch:
+                    job.fail(SHUTDOWN, status=503)
+            self.active_rows, self._busy = 0, False
             pooled = stats[0]
             for more in stats[1:]:
                 pooled = pooled.merge(more)
@@ -217,19 +263,26 @@ class Worker:
         # whatever it is batched with; an unseeded sample draws by rejection from its own random seed.
         options = replace(self.decoder.options, sampling=group, sampler="coupled" if coupled else "rejection")
 
+        def live() -> int:  # the rows the decode keeps after its next drop
+            return sum(not (job.done or job.cancelled) for job in batch)
+
+        def drop() -> list[int]:  # rows whose clients left (or timed out): gone before the next step
+            self.active_rows = live()
+            return [i for i, job in enumerate(batch) if job.cancelled]
+
         def admit(room: int) -> list[Admission]:  # queued requests joining as rows free up; `batch` grows
-            live = sum(not (job.done or job.cancelled) for job in batch)
-            joining = self._take_joining(group, coupled, room, self.max_batch - live)
+            joining = self._take_joining(group, coupled, room, self.max_batch - live())
             batch.extend(joining)
+            self.active_rows = live()
             return [Admission(job.prompt, job.max_tokens, job.seed) for job in joining]
 
+        self.active_rows = len(batch)
         # Each row has its own budget, and a row whose client went away stops costing compute at once.
         events = self.decoder.stream([job.prompt for job in batch], max_new_tokens=[job.max_tokens for job in batch],
                                      options=options, seeds=None if group.greedy else [job.seed for job in batch],
-                                     stats=stats, drop=lambda: [i for i, job in enumerate(batch) if job.cancelled],
-                                     admit=admit, room=JOIN_ROOM, max_rows=self.max_batch)
-        with closing(events):  # leaving early (every row done or cancelled) ends the decode there
+                                     stats=stats, drop=drop, admit=admit, room=JOIN_ROOM, max_rows=self.max_batch)
+        with closing(events):  # leaving early (every row done or cancelled, or a stop) ends the decode there
             for event in events:
                 batch[event.row].deliver(event.tokens, event.finish_reason)
-                if all(job.done or job.cancelled for job in batch):
+                if self._stopping or all(job.done or job.cancelled for job in batch):
                     break
