@@ -65,12 +65,13 @@ def run(args) -> int:
     if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")
-    with console.status(f"measuring step costs up to {args.max_batch} rows (once per machine, then cached)"):
-        app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
-                         max_tokens_limit=args.max_tokens_limit, max_queue=args.max_queue,
-                         request_timeout=args.request_timeout,
-                         options=replace(PRESETS["chain"] if args.fixed_block else DecodeOptions(), window=window))
+    app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
+                     max_tokens_limit=args.max_tokens_limit, max_queue=args.max_queue,
+                     request_timeout=args.request_timeout,
+                     options=replace(PRESETS["chain"] if args.fixed_block else DecodeOptions(), window=window))
     mode = "target alone" if draft is None else f"speculative, K={draft.config.block_size}"
-    console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1")
+    console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1; step costs "
+                  "are measured in the background on a first start (once per machine, then cached): GET /health "
+                  "says \"warming\" until requests are served")
     serve(app, host=args.host, port=args.port, grace=args.shutdown_grace)
     return 0

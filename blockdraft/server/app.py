@@ -3,7 +3,8 @@
 Routes: POST /v1/chat/completions and POST /v1/completions (whole JSON, or server-sent events ending with
 `data: [DONE]` when `stream` is true), GET /v1/models, GET /health, GET /metrics (Prometheus text).
 With an API key, the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open for probes.
-/health answers 200 `{"status": "ok"}`, or 503 with "draining" (shutting down, shutdown.py) or "worker stopped".
+/health answers 200 `{"status": "ok"}` once requests are served, and 503 with "warming" (step costs being measured
+at a first start, warmup.py), "draining" (shutting down, shutdown.py) or "worker stopped".
 
 Every response carries an `x-request-id` header. Errors are OpenAI-shaped JSON,
 `{"error": {"message", "type", "param", "code", "request_id"}}`: 400 for a request we refuse (naming the field),
@@ -39,6 +40,7 @@ from .worker import Closed, QueueFull, Worker
 
 PYTHON_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-after"}  # pydantic union branches
 RETRY_AFTER_SECONDS = 2  # what a 429 asks a client to wait: about one short batch on a small CPU
+READY_WAIT_SECONDS = 2.0  # how long startup waits for cached step costs, so a warm machine never shows "warming"
 
 
 def create_app(target, draft, *, model_id: str | None = None, api_key: str | None = None, max_batch: int = 8,
@@ -49,6 +51,7 @@ def create_app(target, draft, *, model_id: str | None = None, api_key: str | Non
     `options` is how every request decodes (decode/options.py; None: the defaults, adaptive token trees with
     lookups grafted on); each request brings its own sampling parameters. At most `max_queue` requests wait for
     a row; `request_timeout` (seconds, None: no limit) ends a request not finished by then, and frees its row.
+    The step costs are measured in the worker thread after startup (warmup.py), so the app is built at once.
     """
     service = Service(Decoder(target, draft, options), model_id=model_id, api_key=api_key, max_batch=max_batch,
                       max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes, max_queue=max_queue,
@@ -57,6 +60,9 @@ def create_app(target, draft, *, model_id: str | None = None, api_key: str | Non
     @asynccontextmanager
     async def lifespan(_app):
         service.worker.start()
+        # Costs read from the disk cache take a moment: wait for them so that a warm restart is "ok" when it
+        # listens; a first measurement (minutes) goes on in the background while /health says "warming".
+        await asyncio.to_thread(service.worker.warmed_once.wait, READY_WAIT_SECONDS)
         yield
         await asyncio.to_thread(service.worker.stop)
 
@@ -144,10 +150,18 @@ class Service:
         return {"object": "list", "data": [card]}
 
     async def health(self):
-        worker = self.worker
-        status = "worker stopped" if not worker.alive else "draining" if worker.closed else "ok"
+        worker, warmup = self.worker, self.worker.warmup
+        if not worker.alive:
+            status = "worker stopped"
+        elif worker.closed:
+            status = "draining"
+        else:
+            status = "ok" if warmup.rows else "warming"
         state = {"status": status, "model": self.model_id, "speculative": worker.decoder.speculative,
-                 "block_size": worker.block_size, "queue_depth": worker.queue_depth}
+                 "block_size": worker.block_size, "queue_depth": worker.queue_depth,
+                 "batch_rows_ready": warmup.rows, "max_batch": worker.max_batch}
+        if warmup.error:
+            state["error"] = warmup.error
         return JSONResponse(state, status_code=200 if status == "ok" else 503)
 
     async def prometheus(self):

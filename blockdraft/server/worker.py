@@ -22,7 +22,9 @@ Failures. An exception in a batch fails that batch's unfinished requests (each g
 with a 500 and its request id); the worker logs it and goes on with the next batch.
 
 Load. At most `max_queue` requests wait; past that `submit` raises QueueFull (a 429), so an overload is refused at
-once instead of growing a backlog no client will wait for. `close` stops admitting (a 503) while queued and running requests are still served; `stop` ends the running batch
+once instead of growing a backlog no client will wait for. The worker starts by measuring step costs (warmup.py)
+and, until every batch-size bucket is known, lets a batch have only the rows measured so far, with no joining.
+`close` stops admitting (a 503) while queued and running requests are still served; `stop` ends the running batch
 after its current step, and every unfinished request gets a `Failed` event with status 503.
 """
 
@@ -41,6 +43,7 @@ from ..decode.generate import Admission
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
 from .prometheus import ServerMetrics
+from .warmup import Warmup
 
 log = logging.getLogger("blockdraft.server")
 
@@ -128,9 +131,10 @@ class Worker:
         self.max_queue = max_queue
         # Every batch decodes with the decoder's options (adaptive token trees with lookups grafted on, unless the
         # server was started otherwise) and fresh width policies: a request's widths follow its own acceptance
-        # and the cost model measured here once, never what earlier requests did, so the same request gives the
-        # same tokens every time (docs/design.md §14).
-        decoder.costs(max_batch)
+        # and the cost model measured once (in this thread, warmup.py), never what earlier requests did, so the
+        # same request gives the same tokens every time (docs/design.md §14).
+        self.warmup = Warmup(decoder, max_batch)
+        self.warmed_once = threading.Event()  # set once requests can be served, or measuring failed
         self.metrics = ServerMetrics(self.block_size)  # the worker records batches; the app renders them
         self.active_rows = 0  # rows the running decode keeps (worker thread writes, /metrics reads)
         self._pending: deque[Job] = deque()
@@ -184,7 +188,7 @@ class Worker:
         job = Job(request_id, prompt, max_tokens, sampling, asyncio.get_running_loop())
         with self._ready:
             if self._closed:
-                raise Closed("the server is shutting down")
+                raise Closed(self.warmup.error or "the server is shutting down")
             if len(self._pending) >= self.max_queue:  # those whose clients left first make room
                 self._pending = deque(queued for queued in self._pending if not queued.cancelled)
             if len(self._pending) >= self.max_queue:
@@ -195,25 +199,49 @@ class Worker:
         return job
 
     def _loop(self) -> None:
-        while (batch := self._take_batch()) is not None:
-            self._run(batch)
+        try:
+            self._warm()  # bucket 1 first: no request can be priced before it
+        finally:
+            self.warmed_once.set()
+        while (batch := self._take_batch(self.warmup.rows, wait=self.warmup.done)) is not None:
+            if batch:
+                self._run(batch)
             del batch  # the finished requests are not kept alive while the worker waits for the next one
+            if not self.warmup.done:
+                self._warm()  # the next bucket, between batches (none runs meanwhile)
 
-    def _take_batch(self) -> list[Job] | None:
-        """Block until a request is queued; return it with every queued request that can share its batch."""
+    def _warm(self) -> None:
+        try:
+            self.warmup.next()
+        except Exception as error:  # nothing can be priced: refuse everything, and say why on /health
+            log.exception("measuring step costs failed")
+            self.warmup.error = (f"measuring step costs failed ({type(error).__name__}: {error}); see the server "
+                                 "log, fix the cause and restart the server")
+            with self._ready:
+                self._closed = self._stopping = True
+                waiting, self._pending = list(self._pending), deque()
+            for job in waiting:
+                job.fail(self.warmup.error, status=503)
+
+    def _take_batch(self, limit: int | None = None, wait: bool = True) -> list[Job] | None:
+        """Block until a request is queued; return it with every queued request that can share its batch, up to
+        `limit` rows (default: max_batch). `wait=False` returns [] at once when nothing is queued. None: stop."""
+        limit = limit or self.max_batch
         with self._ready:
             while True:
                 while self._pending and self._pending[0].cancelled:
                     self._pending.popleft()  # its client left before the decode started
-                if self._pending or self._stopping:
+                if self._pending or self._stopping or not wait:
                     break
                 self._ready.wait()
             if self._stopping:
                 return None
+            if not self._pending:
+                return []
             batch = [self._pending.popleft()]
             longest, budget = len(batch[0].prompt), batch[0].max_tokens
             for job in list(self._pending):
-                if len(batch) == self.max_batch:
+                if len(batch) == limit:
                     break
                 fits = max(longest, len(job.prompt)) + max(budget, job.max_tokens) <= self.target.max_positions
                 if job.group == batch[0].group and job.coupled == batch[0].coupled and fits and not job.cancelled:
@@ -263,6 +291,10 @@ class Worker:
         # whatever it is batched with; an unseeded sample draws by rejection from its own random seed.
         options = replace(self.decoder.options, sampling=group, sampler="coupled" if coupled else "rejection")
 
+        # While costs are still measured a batch takes no joining rows: it holds at most the rows measured (so it
+        # is priced as on a warm server), and it ends soon, so that the next bucket is measured (warmup.py).
+        warm = self.warmup.done
+
         def live() -> int:  # the rows the decode keeps after its next drop
             return sum(not (job.done or job.cancelled) for job in batch)
 
@@ -271,7 +303,7 @@ class Worker:
             return [i for i, job in enumerate(batch) if job.cancelled]
 
         def admit(room: int) -> list[Admission]:  # queued requests joining as rows free up; `batch` grows
-            joining = self._take_joining(group, coupled, room, self.max_batch - live())
+            joining = self._take_joining(group, coupled, room, self.max_batch - live()) if warm else []
             batch.extend(joining)
             self.active_rows = live()
             return [Admission(job.prompt, job.max_tokens, job.seed) for job in joining]
@@ -280,7 +312,8 @@ class Worker:
         # Each row has its own budget, and a row whose client went away stops costing compute at once.
         events = self.decoder.stream([job.prompt for job in batch], max_new_tokens=[job.max_tokens for job in batch],
                                      options=options, seeds=None if group.greedy else [job.seed for job in batch],
-                                     stats=stats, drop=drop, admit=admit, room=JOIN_ROOM, max_rows=self.max_batch)
+                                     stats=stats, drop=drop, admit=admit, room=JOIN_ROOM,
+                                     max_rows=self.max_batch if warm else len(batch))
         with closing(events):  # leaving early (every row done or cancelled, or a stop) ends the decode there
             for event in events:
                 batch[event.row].deliver(event.tokens, event.finish_reason)
