@@ -217,7 +217,7 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
                   draft_folder: str | Path | None = None,
                   names: Sequence[str] = METHODS, sampling: SamplingParams | None = None,
                   coupled: bool = False, gguf: str | Path | None = None,
-                  llama_draft_max: Sequence[int] = (3,)) -> tuple[list, list[str]]:
+                  llama_draft_max: Sequence[int] = (2,)) -> tuple[list, list[str]]:
     """The methods named (all by default) that can run here, in their base order, and a note for each one
     skipped. With `sampling` (temperature > 0) every method samples, ours coupled when `coupled`; the reference
     runtime and llama.cpp are then left out. `gguf`: the target's GGUF file, for llama.cpp; `llama_draft_max`:

@@ -38,7 +38,7 @@ class BenchSettings:
     methods: tuple[str, ...] | None = None  # the methods to run (methods.METHODS); None: all that can run here
     sampling: SamplingParams | None = None  # None or temperature 0: greedy; else every method samples (rule 4)
     coupled: bool = False  # ours sample coupled (sampling/gumbel.py), so their texts compare to ours-baseline's
-    llama_draft_max: tuple[int, ...] = (3,)  # llama.cpp DFlash's draft lengths, one method each (methods.py)
+    llama_draft_max: tuple[int, ...] = (2,)  # llama.cpp DFlash's draft lengths, one method each (methods.py)
 
 
 @dataclass
