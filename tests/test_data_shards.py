@@ -125,7 +125,7 @@ def test_a_shard_of_another_schema_is_refused_naming_the_file(tmp_path):
 def test_a_truncated_shard_is_refused_naming_the_file(tmp_path, keep):
     path = write(tmp_path / "data-00000.safetensors")
     data = path.read_bytes()
-    path.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    path.write_bytes(data[:keep])  # keep < 0: all but the last -keep bytes
     with pytest.raises(InputError, match=f"{path} is not a readable data shard .*blockdraft data --out"):
         read_examples(tmp_path)
 

@@ -83,8 +83,15 @@ def test_acceptance_stats_convention():
     stats = out.stats
     assert stats.steps == sum(stats.histogram)
     # The prefill token is not a speculative step; every later token is counted once in tau.
-    assert stats.tokens >= len(out.tokens) - 1
-    assert 1.0 <= stats.mean_tau <= 8.0
+    assert stats.tokens == len(out.tokens) - 1 == 63
+    # The scripted draft is right for j = 0, 1, ..., 7, 0, ... proposals at step 1, 2, ...: tau cycles 1..8, and
+    # the budget cuts the 15th step (tau 7) to the 6 tokens left.
+    taus, left = [], 63
+    while left:
+        taus.append(min(len(taus) % 8 + 1, left))
+        left -= taus[-1]
+    assert stats.histogram == [taus.count(t) for t in range(1, 9)] + [0], "a step was binned under the wrong tau"
+    assert stats.mean_tau == pytest.approx(63 / 15)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from blockdraft.train.objective import block_targets, dpace_weights, sample_anch
 from blockdraft.train.settings import TrainConfig
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, config, tiny_target, write_data
+from conftest import VOCAB, config, tensors, tiny_target, write_data
 
 K = 6
 
@@ -74,6 +74,10 @@ def test_dpace_training_runs_and_refuses_bad_settings(tmp_path):
     write_data(tmp_path / "data", count=8)
     out = train(tiny_target("llama"), config(tmp_path, weighting="dpace", max_steps=2, log_every=1))
     assert (out / "model.safetensors").exists()
+    # The same two steps with the decayed weights: a trainer that dropped the setting would write the same draft.
+    plain = train(tiny_target("llama"), config(tmp_path, name="plain", max_steps=2, log_every=1))
+    dpace, decayed = tensors(out / "model.safetensors"), tensors(plain / "model.safetensors")
+    assert any(not torch.equal(dpace[n], decayed[n]) for n in dpace), "weighting='dpace' changed no update"
     with pytest.raises(Exception, match="weighting"):
         TrainConfig(data_dirs=tmp_path, out_dir=tmp_path, weighting="linear")
     with pytest.raises(Exception, match="dpace_alpha"):
