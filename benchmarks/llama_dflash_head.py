@@ -32,7 +32,8 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from blockdraft.bench.llama_server import LlamaServer, ServerMethod, find_llama_server
+    from blockdraft.bench.llama_server import LlamaServer, find_llama_server
+    from blockdraft.bench.methods import ServerMethod
     from blockdraft.bench.runner import interleaved_order
     from blockdraft.bench.summary import first_difference
     from blockdraft.commands.bench import _encode

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from blockdraft.bench.llama_server import SERVER_ENV, ServerMethod, find_llama_server, server_methods, step_stats
-from blockdraft.bench.methods import LLAMA_DFLASH, LLAMA_SERVER
+from blockdraft.bench.llama_server import SERVER_ENV, find_llama_server, step_stats
+from blockdraft.bench.methods import LLAMA_DFLASH, LLAMA_SERVER, ServerMethod, server_methods
 
 LOG = """slot update_slots: id  0 | task 5 | accepted  2/ 3 draft tokens
 slot update_slots: id  0 | task 5 | accepted  0/ 3 draft tokens

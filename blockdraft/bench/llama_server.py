@@ -1,7 +1,7 @@
-"""llama.cpp's own DFlash speculative decoding as bench methods: `llama-server --spec-type draft-dflash`, and the
-same server without a draft (`llama-cpp-server`), the plain decode its text must equal.
+"""llama.cpp's server as a decoder for the bench (methods.py `llama-cpp-server`, `llama-cpp-dflash`): one process,
+with llama.cpp's own DFlash (`--spec-type draft-dflash`) or without a draft, the plain decode its text must equal.
 
-llama-cpp-python's Python API has no DFlash drafting (it lives in llama.cpp's `common/speculative.cpp`), so these
+llama-cpp-python's Python API has no DFlash drafting (it lives in llama.cpp's `common/speculative.cpp`), so the
 methods drive llama.cpp's server binary, built from the same sdist (benchmarks/README.md, "llama.cpp's DFlash").
 One server per method runs on a free loopback port for the whole bench, so no timing pays a model load; each
 prompt is one `/completion` request with our token ids in and the target's token ids out (`return_tokens`),
@@ -24,10 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from ..metrics import AcceptanceStats
-from .methods import LLAMA_DFLASH, LLAMA_SERVER, Decoded
 
 SERVER_ENV = "BLOCKDRAFT_LLAMA_SERVER"
 START_TIMEOUT_S = 120.0
@@ -135,64 +132,3 @@ def step_stats(log: str, new_tokens: int, draft_max: int, accepted_total: int | 
         stats.record(1, width=1)
     return stats
 
-
-class ServerMethod:
-    """Greedy decoding through one llama-server process, one prompt at a time; tau where it drafts."""
-
-    def __init__(self, name: str, server: LlamaServer, draft_max: int | None) -> None:
-        self.name, self.server, self.draft_max = name, server, draft_max
-
-    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
-        decoded = []
-        for prompt in prompts:
-            tokens, timings, log = self.server.complete(prompt, max_new_tokens)
-            stats = None
-            if self.draft_max is not None:
-                stats = step_stats(log, len(tokens), self.draft_max, timings.get("draft_n_accepted", 0))
-            decoded.append(Decoded(tokens, stats))
-        return decoded
-
-    def close(self) -> None:
-        self.server.close()
-
-
-def server_methods(name: str, draft, gguf: str | Path | None, draft_folder: str | Path | None,
-                   draft_max: tuple[int | None, ...]) -> tuple[list[ServerMethod], str | None]:
-    """`name` (LLAMA_SERVER, or LLAMA_DFLASH at each draft length), one server each, when it can run here; else
-    ([], why not)."""
-    import importlib.util
-
-    binary = find_llama_server()
-    if importlib.util.find_spec("httpx") is None:
-        return [], f"{name} skipped: it talks to llama-server with httpx, not installed (pip install httpx)"
-    if binary is None:
-        return [], (f"{name} skipped: no llama-server binary (set ${SERVER_ENV} or put it on the PATH; "
-                    "benchmarks/README.md has the one-line build)")
-    if gguf is None or (name == LLAMA_DFLASH and draft_folder is None):
-        return [], f"{name} skipped: it needs the target's GGUF (the embedded target) and a draft folder"
-    file, context = None, None
-    if name == LLAMA_DFLASH:
-        file, context = _export(draft, gguf, draft_folder)
-    methods = []
-    try:
-        for n in draft_max:
-            label = name if len(draft_max) == 1 else f"{name}-n{n}"
-            server = LlamaServer(binary, Path(gguf), file, n, torch.get_num_threads(), context or 8192)
-            methods.append(ServerMethod(label, server, n))
-    except RuntimeError as error:  # a binary without DFlash, a refused file: report, don't abort the run
-        for method in methods:
-            method.close()
-        return [], f"{name} skipped: {error}"
-    return methods, None
-
-
-def _export(draft, gguf, draft_folder) -> tuple[Path, int]:
-    """The bench's draft as llama.cpp's DFlash GGUF in a temporary folder, with the proposal vocabulary it uses."""
-    from ..io.checkpoint import read_checkpoint
-    from ..io.gguf_draft import write_gguf_draft
-
-    cfg, tensors = read_checkpoint(draft_folder)
-    file = Path(tempfile.mkdtemp(prefix="blockdraft-dflash-")) / "draft.gguf"
-    vocab = None if draft.vocab is None else draft.vocab.cpu()
-    write_gguf_draft(file, cfg, tensors, gguf, "f16", vocab)
-    return file, cfg.max_position_embeddings

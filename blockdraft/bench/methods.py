@@ -31,6 +31,7 @@ one at a time inside `decode`.
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +42,8 @@ import torch
 from ..decode.decoder import Decoder
 from ..decode.options import PRESETS, DecodeOptions
 from ..errors import InputError
+from ..io.checkpoint import read_checkpoint
+from ..io.gguf_draft import write_gguf_draft
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
@@ -250,8 +253,6 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         elif name == LLAMA_CPP:
             found, note = _listed(llama_cpp_method(gguf, stop_token_ids))
         else:
-            from .llama_server import server_methods
-
             found, note = server_methods(name, draft, gguf, draft_folder,
                                          llama_draft_max if name == LLAMA_DFLASH else (None,))
         methods += found
@@ -308,3 +309,64 @@ def _pad_token_id(target: Target, stop_token_ids: list[int]) -> int:
             return pad
     return stop_token_ids[0] if stop_token_ids else 0
 
+
+class ServerMethod:
+    """Greedy decoding through one llama-server process (llama_server.LlamaServer), one prompt at a time; tau
+    where it drafts."""
+
+    def __init__(self, name: str, server, draft_max: int | None) -> None:
+        self.name, self.server, self.draft_max = name, server, draft_max
+
+    def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
+        from .llama_server import step_stats
+
+        decoded = []
+        for prompt in prompts:
+            tokens, timings, log = self.server.complete(prompt, max_new_tokens)
+            stats = None
+            if self.draft_max is not None:
+                stats = step_stats(log, len(tokens), self.draft_max, timings.get("draft_n_accepted", 0))
+            decoded.append(Decoded(tokens, stats))
+        return decoded
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def server_methods(name: str, draft, gguf: str | Path | None, draft_folder: str | Path | None,
+                   draft_max: tuple[int | None, ...]) -> tuple[list[ServerMethod], str | None]:
+    """`name` (LLAMA_SERVER, or LLAMA_DFLASH at each draft length), one server each, when it can run here; else
+    ([], why not)."""
+    from .llama_server import SERVER_ENV, LlamaServer, find_llama_server
+
+    binary = find_llama_server()
+    if importlib.util.find_spec("httpx") is None:
+        return [], f"{name} skipped: it talks to llama-server with httpx, not installed (pip install httpx)"
+    if binary is None:
+        return [], (f"{name} skipped: no llama-server binary (set ${SERVER_ENV} or put it on the PATH; "
+                    "benchmarks/README.md has the one-line build)")
+    if gguf is None or (name == LLAMA_DFLASH and draft_folder is None):
+        return [], f"{name} skipped: it needs the target's GGUF (the embedded target) and a draft folder"
+    file, context = None, None
+    if name == LLAMA_DFLASH:
+        file, context = _export_draft(draft, gguf, draft_folder)
+    methods = []
+    try:
+        for n in draft_max:
+            label = name if len(draft_max) == 1 else f"{name}-n{n}"
+            server = LlamaServer(binary, Path(gguf), file, n, torch.get_num_threads(), context or 8192)
+            methods.append(ServerMethod(label, server, n))
+    except RuntimeError as error:  # a binary without DFlash, a refused file: report, don't abort the run
+        for method in methods:
+            method.close()
+        return [], f"{name} skipped: {error}"
+    return methods, None
+
+
+def _export_draft(draft, gguf, draft_folder) -> tuple[Path, int]:
+    """The bench's draft as llama.cpp's DFlash GGUF in a temporary folder, with the proposal vocabulary it uses."""
+    cfg, tensors = read_checkpoint(draft_folder)
+    file = Path(tempfile.mkdtemp(prefix="blockdraft-dflash-")) / "draft.gguf"
+    vocab = None if draft.vocab is None else draft.vocab.cpu()
+    write_gguf_draft(file, cfg, tensors, gguf, "f16", vocab)
+    return file, cfg.max_position_embeddings
