@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import random
+import socket
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -337,6 +340,40 @@ def wait_for(condition, timeout: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting for the server"
         time.sleep(0.01)
+
+
+@contextmanager
+def loopback(app):
+    """Serve `app` with uvicorn in a thread on a free loopback port; yields an httpx client of it (test_server_load,
+    test_bench_serve: a disconnect, a signal or a load generator's own client exist only on a real socket)."""
+    import httpx
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; the server takes the bound socket, no race
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        with httpx.Client(base_url=base, timeout=60) as client:
+            wait_for(lambda: http_status(client, "/health") == 200)
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def http_status(client, path: str) -> int | None:
+    """The status of GET `path`; None while nothing answers."""
+    import httpx
+
+    try:
+        return client.get(path, timeout=5).status_code
+    except httpx.TransportError:
+        return None
 
 
 # ------------------------------------------------------------------------------------------------------------

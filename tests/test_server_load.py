@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -27,36 +26,8 @@ from blockdraft.server import create_app
 from blockdraft.server.responses import Answer
 from blockdraft.server.worker import Job
 
-from conftest import CHAT, MODEL, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
-
-
-@contextmanager
-def loopback(app):
-    """Serve `app` with uvicorn in a thread on a free loopback port; yields an httpx client of it."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # the kernel picks a free port; the server takes the bound socket, no race
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        with httpx.Client(base_url=base, timeout=60) as client:
-            wait_for(lambda: _status(client, "/health") == 200)
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-    assert not thread.is_alive(), "uvicorn did not stop"
-
-
-def _status(client, path: str) -> int | None:
-    try:
-        return client.get(path, timeout=5).status_code
-    except httpx.TransportError:
-        return None
+from conftest import (CHAT, MODEL, TEXT, chat_body, http_status, loopback, sse_payloads, streamed_text, text_body,
+                      wait_for)
 
 
 def gauge(client, name: str) -> float:
@@ -178,7 +149,7 @@ def test_sigterm_drains_refuses_new_requests_and_exits_zero(model_folders, tmp_p
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            wait_for(lambda: process.poll() is not None or _status(client, "/health") == 200, timeout=180)
+            wait_for(lambda: process.poll() is not None or http_status(client, "/health") == 200, timeout=180)
             assert process.poll() is None, process.stdout.read()
             model_id = client.get("/v1/models").json()["data"][0]["id"]
             body = {"model": model_id, "prompt": "go", "temperature": 0, "stream": True}

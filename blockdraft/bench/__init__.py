@@ -6,6 +6,15 @@
     report.py   the JSON document, the rich tables, the final JSON line
     plot.py     bench.png from the document
 
+`blockdraft bench serve`, a server under load over HTTP (no model in this process):
+
+    serve_stats.py    TTFT, ITL, TPOT, per-user and total tok/s from request timings; pure
+    serve_load.py     streamed requests, one point of closed- or open-loop load
+    serve_servers.py  `blockdraft serve` processes started on loopback ports and stopped
+    serve_sweep.py    every point on every server, interleaved
+    serve_report.py   the JSON document, the rich table, the final JSON line
+    serve_plot.py     bench-serve.png, the per-user vs total tok/s curve
+
 `benchmark` takes token-id prompts, so it runs on any target, tokenizer or not.
 """
 

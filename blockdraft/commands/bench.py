@@ -22,10 +22,16 @@ from ..io.drafts import DEFAULT_DRAFT
 from ..io.targets import EMBEDDED_TARGET, embedded_gguf_path, load_target, parse_dtype
 from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
+from . import bench_serve
 from .common import add_model_arguments, add_sampling_arguments, context_window, layer_ids, prepare
 
 
 def add_arguments(parser) -> None:
+    # `blockdraft bench serve ...` loads a server (bench_serve.py); without a mode, `bench` runs as it always has.
+    modes = parser.add_subparsers(dest="mode", title="modes", metavar="{serve}")
+    serve_help = "the serving load bench: `blockdraft serve` under a sweep of concurrency levels or request rates"
+    bench_serve.add_arguments(modes.add_parser("serve", help=serve_help, description=serve_help,
+                                               formatter_class=parser.formatter_class))
     sets = ", ".join(benchmark_set_names())
     parser.add_argument("--prompts", default="mt-bench", help=f"a benchmark set ({sets}) or a .jsonl/.txt file")
     parser.add_argument("--limit", type=int, default=10, help="use the first N prompts of the set")
@@ -52,6 +58,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if args.mode == "serve":
+        return bench_serve.run(args)
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens),
                         ("--batch-size", args.batch_size)):
         if value <= 0:
@@ -79,7 +87,7 @@ def run(args) -> int:
     if args.batch_size > len(prompts):
         raise InputError(f"`--batch-size` {args.batch_size} is more than the {len(prompts)} prompts: every batch "
                          f"would hold {len(prompts)}; lower --batch-size, or raise --limit")
-    writable_folder(args.out)  # before minutes of measuring, not after
+    writable_folder(args.out, ("bench.json", "bench.png"))  # before minutes of measuring, not after
     refuse_training_sets(prompts)
     stderr = Console(stderr=True, highlight=False)
     with stderr.status("loading target and draft"):
@@ -128,8 +136,9 @@ def report(target, draft, prompts: list[list[int]], settings: BenchSettings, out
     return 0
 
 
-def writable_folder(folder: Path) -> None:
-    """Create `folder` and make sure files can be written in it (exit 2 naming it, not a traceback later)."""
+def writable_folder(folder: Path, names: tuple[str, ...]) -> None:
+    """Create `folder` and make sure files can be written in it, `names` among them (exit 2 naming it, not a
+    traceback later)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-test"
@@ -138,7 +147,7 @@ def writable_folder(folder: Path) -> None:
     except OSError as error:
         raise InputError(f"--out {folder} cannot hold the results ({error.strerror or error}); pass a folder "
                          "path that can be created and written") from error
-    for name in ("bench.json", "bench.png"):
+    for name in names:
         if (folder / name).is_dir():
             raise InputError(f"--out {folder} holds a folder named {name}, where the results go; pass another --out")
 

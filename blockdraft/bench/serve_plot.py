@@ -1,0 +1,65 @@
+"""bench-serve.png: the throughput-latency trade-off of each mode, drawn from the sweep document only.
+
+Per-user tok/s (how fast one answer streams) on x, total tok/s (what the server delivers to everyone) on y: one
+line per mode through its points in sweep order, each point annotated with its concurrency or rate. Up and to the
+right is better; a mode whose line lies above and right of another's is better at every load. Each line's name
+stands beside its first point, in its colour, so no legend has to be matched by colour.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .plot import DPI
+from .serve_report import settings_line
+
+PNG_NAME = "bench-serve.png"
+
+
+def save_plot(document: dict, out_dir: str | Path) -> Path:
+    path = Path(out_dir) / PNG_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draw(document).savefig(path, dpi=DPI)
+    return path
+
+
+def draw(document: dict):
+    # The Agg canvas directly, never pyplot: no GUI backend, no global figure state, safe on a headless machine.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 6.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    plotted = [r for r in document["records"] if r["per_user_tok_s"] is not None]
+    for mode in document["settings"]["modes"]:
+        records = [r for r in plotted if r["mode"] == mode]
+        if records:
+            _mode_line(axes, mode, records)
+    if plotted:
+        # From 0, so that distances read as ratios; a fifth more room for the labels right of and above points.
+        axes.set_xlim(0, 1.2 * max(r["per_user_tok_s"] for r in plotted))
+        axes.set_ylim(0, 1.2 * max(r["total_tok_s"] for r in plotted))
+    else:  # every request failed: an empty chart says so instead of drawing nothing silently
+        axes.text(0.5, 0.5, "no completed requests to plot (see the errors in bench-serve.json)", ha="center",
+                  transform=axes.transAxes)
+    axes.set(xlabel="per-user tok/s (median of 1 / TPOT)", ylabel="total tok/s (all completion tokens / wall time)")
+    axes.grid(alpha=0.3)
+    if any(r["cut_short"] for r in document["records"]):
+        axes.annotate("* cut short by the time limit", (1, 0), xycoords="axes fraction", xytext=(-4, 4),
+                      textcoords="offset points", ha="right", va="bottom", fontsize=8)
+    figure.suptitle(f"Serving under load: {settings_line(document)}", fontsize=9, wrap=True)
+    return figure
+
+
+def _mode_line(axes, mode: str, records: list[dict]) -> None:
+    xs = [r["per_user_tok_s"] for r in records]
+    ys = [r["total_tok_s"] for r in records]
+    (line,) = axes.plot(xs, ys, marker="o", linewidth=1.8)
+    for r, x, y in zip(records, xs, ys):
+        axes.annotate(r["point"] + ("*" if r["cut_short"] else ""), (x, y), xytext=(5, -11),
+                      textcoords="offset points", fontsize=8, color=line.get_color())
+    # The mode's name beside its lightest-load point, in its colour: the line's label without a legend. Modes
+    # lie furthest apart there (at high load every mode's total tends to the machine's limit), so names rarely meet.
+    axes.annotate(mode, (xs[0], ys[0]), xytext=(6, 6), textcoords="offset points", fontsize=11,
+                  fontweight="bold", color=line.get_color())
