@@ -37,7 +37,7 @@ def main() -> int:
     from blockdraft.bench.runner import interleaved_order
     from blockdraft.bench.summary import first_difference
     from blockdraft.commands.bench import _encode
-    from blockdraft.decode.vocab import read_vocab
+    from blockdraft.io.vocab import read_vocab
     from blockdraft.hardware import describe
     from blockdraft.io.checkpoint import read_checkpoint
     from blockdraft.io.drafts import DEFAULT_DRAFT

@@ -145,7 +145,7 @@ def draft_files(target, layers: int, block_size: int, layer_ids, folder: Path) -
     import torch
 
     from blockdraft.config import DraftConfig, choose_mask_token_id
-    from blockdraft.decode.vocab import VOCAB_FILE
+    from blockdraft.io.vocab import VOCAB_FILE
     from blockdraft.io.checkpoint import expected_tensor_shapes, write_checkpoint
 
     mask = choose_mask_token_id(target.tokenizer, target.config, None)

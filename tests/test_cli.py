@@ -264,7 +264,7 @@ def test_a_draft_for_another_target_is_refused(model_folders, capsys, tmp_path):
 
 
 def test_vocab_writes_the_sidecar_from_data(tmp_path, capsys):
-    from blockdraft.decode.vocab import read_vocab
+    from blockdraft.io.vocab import read_vocab
     from blockdraft.train.data import Example, write_shard
 
     target = tiny_target("llama")

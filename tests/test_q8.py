@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft.errors import CheckpointError
+from blockdraft.io import gguf as gguf_io
 from blockdraft.model import q8
 from blockdraft.model.packed import PackedLinear
 
@@ -35,7 +36,7 @@ def write_gguf(path: Path, qtype=Q8_0, rows: int = 96, width: int = 64) -> tuple
 
 def test_rows_are_the_converted_float32_weights_rounded_to_bf16(tmp_path):
     path, converted = write_gguf(tmp_path / "m.gguf")
-    rows = q8.read_q8_rows(path)
+    rows = gguf_io.read_q8_rows(path)
     expected = torch.from_numpy(converted).to(torch.bfloat16)  # [96, 64]
     assert rows.shape == (96, 64) and torch.equal(rows.all(), expected)
     ids = torch.tensor([[3, 95, 0], [7, 7, 50]])
@@ -45,23 +46,23 @@ def test_rows_are_the_converted_float32_weights_rounded_to_bf16(tmp_path):
 def test_all_is_assembled_in_chunks_without_a_seam(tmp_path, monkeypatch):
     path, converted = write_gguf(tmp_path / "m.gguf")
     monkeypatch.setattr(q8, "CHUNK_ROWS", 40)  # 96 rows: chunks of 40, 40 and 16
-    rows, expected = q8.read_q8_rows(path), torch.from_numpy(converted).to(torch.bfloat16)
+    rows, expected = gguf_io.read_q8_rows(path), torch.from_numpy(converted).to(torch.bfloat16)
     ids = torch.arange(95, -1, -1)
     assert torch.equal(rows.all(), expected) and torch.equal(rows.rows(ids), expected[ids])
 
 
 def test_another_type_gives_none_and_a_damaged_file_is_named(tmp_path):
     path, _ = write_gguf(tmp_path / "q4.gguf", gguf.GGMLQuantizationType.Q4_1)
-    assert q8.read_q8_rows(path) is None, "not Q8_0: the loaded weights serve instead"
+    assert gguf_io.read_q8_rows(path) is None, "not Q8_0: the loaded weights serve instead"
     damaged = tmp_path / "damaged.gguf"
     damaged.write_bytes(write_gguf(tmp_path / "m.gguf")[0].read_bytes()[:100])
     with pytest.raises(CheckpointError, match="damaged.gguf"):
-        q8.read_q8_rows(damaged)
+        gguf_io.read_q8_rows(damaged)
 
 
 def test_ids_outside_the_rows_and_a_file_cut_short_are_refused(tmp_path):
     path, _ = write_gguf(tmp_path / "m.gguf")
-    rows = q8.read_q8_rows(path)
+    rows = gguf_io.read_q8_rows(path)
     with pytest.raises(IndexError, match="96 rows"):
         rows.rows(torch.tensor([3, 96]))
     path.write_bytes(path.read_bytes()[: rows.offset + 10 * rows.row_bytes])  # rows 10.. are gone
@@ -72,7 +73,7 @@ def test_ids_outside_the_rows_and_a_file_cut_short_are_refused(tmp_path):
 
 @needs_packing
 def test_the_packed_head_keeps_no_plain_copy_and_multiplies_as_a_plain_heads_would(tmp_path):
-    rows = q8.read_q8_rows(write_gguf(tmp_path / "m.gguf")[0])
+    rows = gguf_io.read_q8_rows(write_gguf(tmp_path / "m.gguf")[0])
     head, plain = q8.PackedQ8(rows), PackedLinear(rows.all())
     assert head.weights == [], "no [V, D] copy beside the packed one"
     for count in (1, 2, 9):
@@ -175,7 +176,7 @@ def test_single_rows_are_kept_and_handed_out_as_copies(tmp_path):
     """A decode step asks one row at a time: the kept row must equal a fresh read, stay bounded in number, and
     survive the caller adding into what it was given (the target's forward does, in place)."""
     path, converted = write_gguf(tmp_path / "m.gguf")
-    rows = q8.read_q8_rows(path)
+    rows = gguf_io.read_q8_rows(path)
     assert torch.equal(rows.rows(torch.tensor([[5]]))[0, 0], torch.from_numpy(converted[5]).to(torch.bfloat16))
     fresh = rows.rows(torch.tensor([[3, 7]]))  # two ids: read, not kept
     first = rows.rows(torch.tensor([[3]]))

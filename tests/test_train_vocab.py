@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blockdraft.decode.vocab import read_vocab, scatter_logits, write_vocab
+from blockdraft.decode.vocab import scatter_logits
+from blockdraft.io.vocab import read_vocab, write_vocab
 from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, weighted_loss
 from blockdraft.train.trainer import train
 

@@ -11,7 +11,9 @@ from blockdraft.io.drafts import LoadedDraft
 from blockdraft.api import load_draft
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
-from blockdraft.decode.vocab import VOCAB_FILE, emitted_tokens, read_vocab, scatter_logits, write_vocab
+from blockdraft.decode.vocab import scatter_logits
+from blockdraft.io.vocab import VOCAB_FILE, read_vocab, write_vocab
+from blockdraft.train.data import emitted_tokens
 from blockdraft.errors import CheckpointError
 from blockdraft.io.checkpoint import write_checkpoint
 from blockdraft.train.data import Example

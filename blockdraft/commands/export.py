@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checks import raise_collected
-from ..decode.vocab import read_vocab
+from ..io.vocab import read_vocab
 from ..errors import InputError
 from ..io.checkpoint import read_checkpoint, write_transformers_checkpoint
 from ..io.drafts import DEFAULT_DRAFT

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..config import check_against_target
-from ..decode.vocab import VOCAB_FILE, read_vocab
+from ..io.vocab import VOCAB_FILE, read_vocab
 from ..io.checkpoint import read_checkpoint
 from ..io.drafts import DEFAULT_DRAFT
 from ..io.gguf_draft import read_gguf_draft

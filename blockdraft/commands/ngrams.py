@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..decode.ngrams import MIN_COUNT, MIN_SHARE, ORDERS, build_table, write_table
+from ..io.ngrams import write_table
+from ..train.ngrams import MIN_COUNT, MIN_SHARE, ORDERS, build_table
 from ..errors import ConfigError, InputError
 from ..io.checkpoint import read_config
 from ..train.batches import first_of_each_prompt

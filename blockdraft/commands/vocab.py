@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..decode.vocab import emitted_tokens, write_vocab
+from ..io.vocab import write_vocab
+from ..train.data import emitted_tokens
 from ..errors import ConfigError, InputError
 from ..io.checkpoint import read_config
 from ..train.data import read_examples

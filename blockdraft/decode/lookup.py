@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .costs import CostModel
-from .ngrams import RUN as TABLE_RUN, NgramTable
+from ..io.ngrams import RUN as TABLE_RUN, NgramTable
 from .policy import AdaptiveWidth, budgeted_interval
 
 

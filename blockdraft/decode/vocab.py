@@ -8,64 +8,16 @@ them, and the target still verifies every proposal, so greedy output stays the t
 stays exact (the rejection test uses the same q the proposal was drawn from, zero outside the vocabulary).
 Only acceptance can change, where the target emits an id the draft could not propose.
 
-The list lives beside a draft as `blockdraft_vocab.json`, a sidecar that other engines never read: docs/format.md
-keeps the weights and config.json free of any draft vocabulary (`d2t` is refused there).
+The list lives beside a draft as `blockdraft_vocab.json` (io/vocab.py), a sidecar that other engines never read:
+docs/format.md keeps the weights and config.json free of any draft vocabulary (`d2t` is refused there).
 
 Shapes: V target vocabulary, N ids in the draft vocabulary, D hidden.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Iterable
 
 import torch
-
-from ..errors import CheckpointError
-
-VOCAB_FILE = "blockdraft_vocab.json"
-VOCAB_FORMAT = "blockdraft-draft-vocab-v1"
-
-
-def emitted_tokens(examples) -> list[int]:
-    """Sorted distinct ids on the supervised (response) positions of training examples."""
-    ids = set()
-    for example in examples:
-        ids.update(t for t, m in zip(example.input_ids, example.loss_mask) if m)
-    return sorted(ids)
-
-
-def write_vocab(folder: str | Path, ids: Iterable[int], vocab_size: int, source: str) -> Path:
-    """Write the sidecar: sorted distinct ids, the target vocabulary size they index, and where they came from."""
-    ids = sorted(set(int(i) for i in ids))
-    path = Path(folder) / VOCAB_FILE
-    record = {"format": VOCAB_FORMAT, "vocab_size": vocab_size, "source": source, "token_ids": ids}
-    path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
-    return path
-
-
-def read_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None:
-    """The sidecar's ids [N] int64 (sorted, distinct, < vocab_size), or None when the folder has none."""
-    path = Path(folder) / VOCAB_FILE
-    if not path.is_file():
-        return None
-    fix = f"delete {path} to draft over the full vocabulary, or rewrite it with blockdraft.decode.vocab.write_vocab"
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON ({error}); {fix}") from error
-    if not isinstance(record, dict) or record.get("format") != VOCAB_FORMAT:
-        raise CheckpointError(f"{path} is not a {VOCAB_FORMAT} file; {fix}")
-    if record.get("vocab_size") != vocab_size:
-        raise CheckpointError(f"{path} indexes a vocabulary of {record.get('vocab_size')} ids but the target has "
-                              f"{vocab_size}: it belongs to another target; {fix}")
-    ids = record.get("token_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise CheckpointError(f"{path}: `token_ids` must be a non-empty list of integers; {fix}")
-    if ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] >= vocab_size:
-        raise CheckpointError(f"{path}: `token_ids` must be sorted, distinct and in [0, {vocab_size}); {fix}")
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def prompt_only_ids(ids: torch.Tensor, prompts: list[list[int]] | torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from ..config import DraftConfig, check_against_target, choose_mask_token_id
-from ..decode.ngrams import NgramTable, read_table
-from ..decode.vocab import read_vocab
+from .ngrams import NgramTable, read_table
+from .vocab import read_vocab
 from ..decode.window import ContextWindow
 from ..errors import InputError
 from ..model.draft import DFlashDraftModel
@@ -29,7 +29,7 @@ class LoadedDraft:
     """A draft ready to decode with: its module (on the target's device and dtype), whether it was trained (an
     untrained draft keeps the output exact, only acceptance is poor), its proposal vocabulary (decode/vocab.py:
     ids [N'] it may propose, None for all), its context window (decode/window.py: None keeps every
-    position) and its n-gram table (decode/ngrams.py: None for none)."""
+    position) and its n-gram table (io/ngrams.py: None for none)."""
 
     module: DFlashDraftModel
     trained: bool = True
@@ -60,7 +60,7 @@ def load_draft(path: str | Path | None = None, target: Target | None = None, *, 
     still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and
     latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all. A
     `blockdraft_ngrams.safetensors` beside them adds guesses from the n-gram table of the draft's training answers
-    to prompt lookup (decode/ngrams.py: no model cost, still exact); `ngrams=False` ignores it."""
+    to prompt lookup (io/ngrams.py: no model cost, still exact); `ngrams=False` ignores it."""
     if context_window is not None and not isinstance(context_window, ContextWindow):
         raise InputError(f"`context_window` must be a ContextWindow(window, sinks) or None, got {context_window!r}")
     folder = Path(path) if path is not None else DEFAULT_DRAFT

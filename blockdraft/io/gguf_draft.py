@@ -31,6 +31,7 @@ import torch
 
 from ..config import DraftConfig
 from ..errors import CheckpointError
+from .gguf import open_gguf
 
 ARCH = "dflash"
 GGUF_DTYPES = {"f16": (np.float16, 1), "f32": (np.float32, 0)}  # name -> (numpy type, general.file_type)
@@ -118,8 +119,6 @@ def write_gguf_draft(path: str | Path, cfg: DraftConfig, tensors: dict[str, torc
     """Write the draft GGUF at `path`, its tokenizer (and reduced head rows, with `vocab` [N]) from `target_gguf`."""
     import gguf
 
-    from ..model.q4 import open_gguf
-
     if dtype not in GGUF_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(GGUF_DTYPES)}, got {dtype!r}")
     target = open_gguf(Path(target_gguf))
@@ -196,8 +195,6 @@ def _add_field(writer, key: str, value) -> None:
 
 def read_gguf_draft(path: str | Path) -> dict[str, Any]:
     """The fields of a DFlash draft GGUF that decide how llama.cpp runs it, for `inspect`."""
-    from ..model.q4 import open_gguf
-
     reader = open_gguf(Path(path))
     fields = {f.name: f.contents() for f in reader.fields.values()
               if not f.name.startswith(TOKENIZER_PREFIX) or f.name == "tokenizer.ggml.mask_token_id"}

@@ -21,8 +21,8 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from ..model import kernels
-from ..model.q4 import open_gguf
-from ..model.q8 import Q8Rows, read_q8_rows, rows_can_serve
+from ..model.q8 import Q8Rows, rows_can_serve
+from .gguf import open_gguf, read_q4_layers, read_q8_rows
 from ..model.target import Target
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
@@ -330,7 +330,7 @@ def file_weights(folder: Path) -> tuple[list[dict] | None, Q8Rows | None]:
 def q4_blocks(gguf: Path, config, reader=None) -> list[dict] | None:
     """Each layer's Q4_1 blocks from `gguf` (model/q4.py); None, with one warning line, when the file quantizes
     them another way (they load as the bf16 weights transformers dequantized)."""
-    from ..model.q4 import UnsupportedQuantization, read_q4_layers
+    from ..model.q4 import UnsupportedQuantization
 
     heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", config.num_attention_heads)
     try:

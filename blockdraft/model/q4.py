@@ -21,19 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 
 BLOCK = 32  # inputs per Q4_1 block, and the kernel's group size
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
-# GGUF tensor name -> the decoder layer's projection (target._projections' names).
-GGUF_PROJECTIONS = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",
-                    "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
 # A fused projection of target._layer_linears -> its parts, stacked along N in this order.
 FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
@@ -196,52 +191,3 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): the memory is reused by the process
         pass
-
-
-def open_gguf(path: Path):
-    """A GGUF file's reader (parsing one takes about a second: open it once for every tensor read); a
-    CheckpointError naming the file when it is not a readable GGUF (corrupt, truncated)."""
-    import gguf
-
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as error:  # the reader raises ValueError, IndexError, struct errors... on a damaged file
-        raise CheckpointError(f"{path} is not a readable GGUF file ({type(error).__name__}: {error}); "
-                              "reinstall the package that ships it, or pass an intact file") from error
-
-
-def read_q4_layers(path: Path, num_layers: int, heads: int, kv_heads: int,
-                   reader=None) -> list[dict[str, Q4Blocks]]:
-    """Each decoder layer's seven projections as raw Q4_1 blocks, rows in the Hugging Face order (`reader`: the
-    file's `open_gguf`, or None to open it).
-
-    Raises UnsupportedQuantization naming the first projection of another type, and CheckpointError naming the
-    file when it is not a readable GGUF (corrupt, truncated) or lacks a projection."""
-    import gguf
-
-    reader = open_gguf(path) if reader is None else reader
-    tensors = {t.name: t for t in reader.tensors}
-    layers = []
-    for index in range(num_layers):
-        layer = {}
-        for gguf_name, name in GGUF_PROJECTIONS.items():
-            key = f"blk.{index}.{gguf_name}.weight"
-            if key not in tensors:
-                raise CheckpointError(f"{path} has no tensor {key}; pass the GGUF of this target")
-            tensor = tensors[key]
-            if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_1:
-                raise UnsupportedQuantization(f"{path.name}: {key} is {tensor.tensor_type.name}, not Q4_1")
-            raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # [N, G * 20], copied off the mmap
-            if name in ("q", "k"):  # llama.cpp stores q and k rows permuted for its RoPE; undo it as transformers does
-                raw = _unpermute_rows(raw, heads if name == "q" else kv_heads)
-            layer[name] = Q4Blocks(raw)
-        layers.append(layer)
-    return layers
-
-
-def _unpermute_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row order (transformers' `_reverse_permute_weights`): within each head, row 2i + j of
-    the file is row j * Dh / 2 + i of the model. rows [N, ...]."""
-    N = rows.shape[0]
-    per_head = rows.reshape(heads, N // heads // 2, 2, *rows.shape[1:])  # [heads, Dh / 2, 2, ...]
-    return per_head.transpose(1, 2).reshape(rows.shape).contiguous()

@@ -24,7 +24,6 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .packed import PACK_ROWS, PackedConcat, packing_supported
-from .q4 import open_gguf
 
 BLOCK = 32  # values per Q8_0 block
 BLOCK_BYTES = 2 + BLOCK  # float16 d, then 32 int8 codes
@@ -98,19 +97,6 @@ def dequantize(raw: torch.Tensor) -> torch.Tensor:
     d = raw[..., :2].contiguous().view(torch.float16).float()  # [N, G, 1]
     q = raw[..., 2:].contiguous().view(torch.int8).float()  # [N, G, 32]
     return (q * d).to(torch.bfloat16).reshape(raw.shape[0], -1)
-
-
-def read_q8_rows(path: Path, name: str = "token_embd.weight", reader=None) -> Q8Rows | None:
-    """The GGUF tensor `name` as Q8Rows over the file; None when the file stores it otherwise (`reader`: the
-    file's `q4.open_gguf`, or None to open it)."""
-    import gguf
-
-    reader = open_gguf(path) if reader is None else reader
-    tensor = next((t for t in reader.tensors if t.name == name), None)
-    if tensor is None or tensor.tensor_type != gguf.GGMLQuantizationType.Q8_0:
-        return None
-    rows, width = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the row width first
-    return Q8Rows(path, int(tensor.data_offset), rows, width)
 
 
 def rows_can_serve() -> bool:

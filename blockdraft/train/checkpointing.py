@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..config import DraftConfig
-from ..decode.vocab import write_vocab
+from ..io.vocab import write_vocab
 from ..errors import CheckpointError, ConfigError, InputError
 from ..io.checkpoint import is_draft_folder, read_checkpoint, write_checkpoint
 from .settings import TrainConfig

@@ -159,3 +159,11 @@ def _parse_line(file: Path, number: int, line: str) -> Example:
     if not all(type(t) is int and t >= 0 for t in ids) or not all(type(m) is int and m in (0, 1) for m in mask):
         raise InputError(f"{where}: `input_ids` must be non-negative ints and `loss_mask` only 0/1")
     return Example(str(record["id"]), ids, mask)
+
+
+def emitted_tokens(examples) -> list[int]:
+    """Sorted distinct ids on the supervised (response) positions of training examples."""
+    ids = set()
+    for example in examples:
+        ids.update(t for t, m in zip(example.input_ids, example.loss_mask) if m)
+    return sorted(ids)

@@ -33,13 +33,13 @@ import torch
 
 from ..config import DraftConfig, check_against_target, choose_mask_token_id, provenance_for
 from ..io.checkpoint import read_checkpoint
-from ..decode.vocab import emitted_tokens, read_vocab
+from ..io.vocab import read_vocab
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .batches import data_fingerprint, epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
 from .checkpointing import dtype_name, restore, save_draft, save_training_state
-from .data import Example
+from .data import Example, emitted_tokens
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .feature_store import FeatureStore, store_dir, token_digest
 from .features import FeatureCache

@@ -13,14 +13,14 @@ matters where a target step is cheap: on the int4 target a drafted step costs 1.
 rows without the draft 1.3.
 
 Keys are 64-bit hashes of (n, the n tokens); two contexts that collide share an entry, which can only cost a
-wrong guess. The file beside a draft's weights is `blockdraft_ngrams.safetensors` (docs/format.md).
+wrong guess. The file beside a draft's weights is `blockdraft_ngrams.safetensors` (docs/format.md): this module is
+the table, its hash and that file; `blockdraft ngrams` builds one (train/ngrams.py), decode/lookup.py reads it.
 
 Shapes: E table entries, L context length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -30,24 +30,22 @@ from ..errors import CheckpointError
 NGRAMS_FILE = "blockdraft_ngrams.safetensors"
 FORMAT = "blockdraft-ngrams"
 VERSION = "1"
-ORDERS = (2, 3, 4, 6)
-MIN_COUNT = 5
-MIN_SHARE = 0.7
+
 RUN = 3  # tokens a table continuation proposes at most (each one a lookup of the one before it)
 
-_MULT = 0x9E3779B97F4A7C15  # the hash's multiplier (odd, 64-bit)
-_MASK = (1 << 64) - 1
+HASH_MULT = 0x9E3779B97F4A7C15  # the hash's multiplier (odd, 64-bit)
+HASH_MASK = (1 << 64) - 1
 
 
-def _seed(n: int) -> int:
-    return (n * 1000003) & _MASK
+def hash_seed(n: int) -> int:
+    return (n * 1000003) & HASH_MASK
 
 
 def context_hash(tokens: list[int]) -> int:
     """The key of a context (its n tokens, oldest first): the same 64-bit value `build_table` computes."""
-    h = _seed(len(tokens))
+    h = hash_seed(len(tokens))
     for t in tokens:
-        h = (h * _MULT + int(t)) & _MASK
+        h = (h * HASH_MULT + int(t)) & HASH_MASK
     return h
 
 
@@ -82,55 +80,6 @@ class NgramTable:
             run.append(token)
             context = context[1:] + [token]
         return run
-
-
-def build_table(sequences: Iterable[tuple[np.ndarray, int]], orders=ORDERS, min_count: int = MIN_COUNT,
-                min_share: float = MIN_SHARE) -> NgramTable:
-    """The table of (tokens [L], prompt length) sequences: every response token is counted after each of its
-    `orders` contexts (which may reach into the prompt, never into another sequence)."""
-    orders = tuple(sorted(set(int(n) for n in orders)))
-    if not orders or orders[0] < 1:
-        raise ValueError(f"orders must be positive context lengths, got {orders}")
-    parts, targets, seen = [], [], 0
-    for tokens, prompt_length in sequences:
-        tokens = np.asarray(tokens, dtype=np.int64)
-        is_target = np.zeros(tokens.shape[0] + 1, dtype=bool)
-        is_target[prompt_length: tokens.shape[0]] = True
-        parts += [tokens, np.array([-1])]  # -1 ends a sequence: no context spans two
-        targets.append(is_target)
-        seen += 1
-    if not parts:
-        return NgramTable(np.zeros(0, np.uint64), np.zeros(0, np.int32), orders, {"sequences": 0})
-    x, target = np.concatenate(parts), np.concatenate(targets)  # [T]
-    keys, nexts = [], []
-    for n in orders:
-        if x.shape[0] <= n:
-            continue
-        h = np.full(x.shape[0] - n, _seed(n), dtype=np.uint64)  # [T - n]: the context x[t-n : t] of target t
-        clean = np.ones(x.shape[0] - n, dtype=bool)
-        for j in range(n):
-            column = x[j: x.shape[0] - n + j]
-            clean &= column >= 0
-            h = h * np.uint64(_MULT) + column.astype(np.uint64)  # wraps mod 2^64, as context_hash
-        keep = clean & target[n:]
-        keys.append(h[keep])
-        nexts.append(x[n:][keep])
-    keys, nexts = np.concatenate(keys), np.concatenate(nexts)
-    order = np.lexsort((nexts, keys))  # by key, then next token
-    keys, nexts = keys[order], nexts[order]
-    # Distinct (key, next) pairs and their counts.
-    first = np.r_[True, (keys[1:] != keys[:-1]) | (nexts[1:] != nexts[:-1])]
-    pair_keys, pair_next = keys[first], nexts[first]
-    pair_count = np.diff(np.r_[np.flatnonzero(first), keys.shape[0]])
-    # Per key: the most frequent next token (the smallest id among equals) and the key's total count.
-    order = np.lexsort((pair_next, -pair_count, pair_keys))
-    pair_keys, pair_next, pair_count = pair_keys[order], pair_next[order], pair_count[order]
-    starts = np.flatnonzero(np.r_[True, pair_keys[1:] != pair_keys[:-1]])
-    totals = np.add.reduceat(pair_count, starts)
-    best = pair_count[starts]
-    keep = (totals >= min_count) & (best >= min_share * totals)
-    meta = {"sequences": seen, "response_tokens": int(target.sum()), "min_count": min_count, "min_share": min_share}
-    return NgramTable(pair_keys[starts][keep], pair_next[starts][keep].astype(np.int32), orders, meta)
 
 
 def write_table(table: NgramTable, folder: str | Path, vocab_size: int) -> Path:
