@@ -20,10 +20,11 @@ from ..decode.requests import check_request
 from ..errors import InputError
 from ..io.drafts import DEFAULT_DRAFT
 from ..io.targets import EMBEDDED_TARGET, embedded_gguf_path, load_target, parse_dtype
-from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names, load_prompts
+from ..prompts import benchmark_set_names, load_prompts
 from ..sampling import SamplingParams
 from . import bench_serve
-from .common import add_model_arguments, add_sampling_arguments, context_window, layer_ids, prepare
+from .common import (add_model_arguments, add_sampling_arguments, context_window, layer_ids, prepare,
+                     refuse_training_sets, writable_folder)
 
 
 def add_arguments(parser) -> None:
@@ -136,35 +137,9 @@ def report(target, draft, prompts: list[list[int]], settings: BenchSettings, out
     return 0
 
 
-def writable_folder(folder: Path, names: tuple[str, ...]) -> None:
-    """Create `folder` and make sure files can be written in it, `names` among them (exit 2 naming it, not a
-    traceback later)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise InputError(f"--out {folder} cannot hold the results ({error.strerror or error}); pass a folder "
-                         "path that can be created and written") from error
-    for name in names:
-        if (folder / name).is_dir():
-            raise InputError(f"--out {folder} holds a folder named {name}, where the results go; pass another --out")
-
-
 def _vocab_size(draft) -> int | None:
     vocab = draft.vocab
     return None if vocab is None else int(vocab.numel())
-
-
-def refuse_training_sets(prompts) -> None:
-    # Drafts are trained on these sets; acceptance measured on them overstates every speedup.
-    trained_on = sorted({p.set for p in prompts if p.set in PROMPT_SETS and PROMPT_SETS[p.set].role == "train"})
-    if trained_on:
-        raise PromptDataError(
-            f"prompt set {trained_on[0]!r} is a training set and gives inflated acceptance; "
-            f"benchmark on one of {', '.join(benchmark_set_names())} or on your own prompt file"
-        )
 
 
 def _encode(target, messages) -> list[int]:

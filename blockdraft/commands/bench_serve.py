@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import ConfigError, InputError
 from ..prompts import benchmark_set_names, load_prompts
-from .common import add_model_arguments, layer_ids, prepare, set_compute
+from .common import add_model_arguments, layer_ids, prepare, refuse_training_sets, set_compute, writable_folder
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 SERVE_MAX_BATCH = 8  # `blockdraft serve`'s own default
@@ -72,7 +72,6 @@ def run(args) -> int:
                           "run `pip install 'blockdraft[serve]'`") from error
     from ..bench.serve_report import JSON_NAME
     from ..bench.serve_plot import PNG_NAME
-    from .bench import refuse_training_sets, writable_folder
 
     for flag, value in (("--limit", args.limit), ("--max-tokens", args.max_tokens)):
         if value <= 0:

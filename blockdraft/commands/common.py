@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, InputError
+from ..prompts import PROMPT_SETS, PromptDataError, benchmark_set_names
 
 
 def physical_cores() -> int:
@@ -226,3 +227,29 @@ def layer_ids(text: str | None, flag: str, what: str = "layer numbers such as 1,
         return tuple(int(i) for i in text.split(","))
     except ValueError as error:
         raise ConfigError(f"{flag} must be comma-separated {what}, got {text!r}") from error
+
+
+def writable_folder(folder: Path, names: tuple[str, ...]) -> None:
+    """Create `folder` and make sure files can be written in it, `names` among them (exit 2 naming it, not a
+    traceback later)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise InputError(f"--out {folder} cannot hold the results ({error.strerror or error}); pass a folder "
+                         "path that can be created and written") from error
+    for name in names:
+        if (folder / name).is_dir():
+            raise InputError(f"--out {folder} holds a folder named {name}, where the results go; pass another --out")
+
+
+def refuse_training_sets(prompts) -> None:
+    # Drafts are trained on these sets; acceptance measured on them overstates every speedup.
+    trained_on = sorted({p.set for p in prompts if p.set in PROMPT_SETS and PROMPT_SETS[p.set].role == "train"})
+    if trained_on:
+        raise PromptDataError(
+            f"prompt set {trained_on[0]!r} is a training set and gives inflated acceptance; "
+            f"benchmark on one of {', '.join(benchmark_set_names())} or on your own prompt file"
+        )

@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..hardware import describe
 from ..io.targets import load_target, parse_dtype
 from ..prompts import load_prompts
-from .bench import refuse_training_sets
+from .common import refuse_training_sets
 from .common import add_model_arguments, context_window, prepare
 
 
