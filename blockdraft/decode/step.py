@@ -116,7 +116,10 @@ def join_pending(old: torch.Tensor, old_counts: torch.Tensor, new: torch.Tensor,
         out[0].narrow(0, int(old_counts[0]), Q).copy_(new[0])
     else:
         where = old_counts[:, None] + torch.arange(Q, device=old.device)  # [B, Q]: right after each row's entries
-        out.scatter_(1, where[..., None].expand(B, Q, F), new.to(old.dtype))
+        # Indexed assignment, not scatter_ along dim 1: on the strided view of a CPU buffer scatter_ took 0.38 ms
+        # for 8 rows of one 1152-wide position (Zen 5), 30x this, and a plain step of the int4 target is 3.6 ms.
+        rows = torch.arange(B, device=old.device)[:, None]  # [B, 1]
+        out[rows, where] = new.to(old.dtype)
     return out, old_counts + new_counts
 
 
