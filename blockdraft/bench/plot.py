@@ -8,21 +8,31 @@ DPI = 110
 
 
 def save_plot(document: dict, out_dir: str | Path) -> Path:
-    path = Path(out_dir) / "bench.png"
+    return save_figure(draw(document), Path(out_dir) / "bench.png")
+
+
+def save_figure(figure, path: Path) -> Path:
+    """Write `figure` as a PNG at `path` (its folder made if needed); the bench's plots all go through here."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    draw(document).savefig(path, dpi=DPI)
+    figure.savefig(path, dpi=DPI)
     return path
+
+
+def agg_figure(size: tuple[float, float]):
+    """A figure on the Agg canvas directly, never pyplot: no GUI backend, no global figure state, safe on a
+    headless machine."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def draw(document: dict):
     """The figure of bench.png: three panels side by side, the acceptance legend below them."""
-    # The Agg canvas directly, never pyplot: no GUI backend, no global figure state, safe on a headless machine.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     # Wide enough for three panels side by side; the acceptance legend goes below them, not over the bars.
-    figure = Figure(figsize=(16, 5.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = agg_figure((16, 5.5))
     tau_axes, position_axes, speed_axes = figure.subplots(1, 3)
     _acceptance(document, tau_axes, position_axes)
     _speedups(document, speed_axes)

@@ -10,26 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .plot import DPI
+from .plot import agg_figure, save_figure
 from .serve_report import settings_line
 
 PNG_NAME = "bench-serve.png"
 
 
 def save_plot(document: dict, out_dir: str | Path) -> Path:
-    path = Path(out_dir) / PNG_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    draw(document).savefig(path, dpi=DPI)
-    return path
+    return save_figure(draw(document), Path(out_dir) / PNG_NAME)
 
 
 def draw(document: dict):
-    # The Agg canvas directly, never pyplot: no GUI backend, no global figure state, safe on a headless machine.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(9, 6.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = agg_figure((9, 6.5))
     axes = figure.subplots()
     plotted = [r for r in document["records"] if r["per_user_tok_s"] is not None]
     for mode in document["settings"]["modes"]:
