@@ -11,7 +11,7 @@ import blockdraft.api as api
 from blockdraft.config import DraftConfig
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
-from blockdraft.decode.window import ContextWindow
+from blockdraft.cache import ContextWindow
 from blockdraft.errors import ConfigError, InputError
 
 from conftest import tiny_draft, tiny_target

@@ -1,4 +1,4 @@
-"""Bounded draft memory (decode/window.py): the draft context keeps its first `sinks` and latest `window`
+"""Bounded draft memory (cache.ContextWindow): the draft context keeps its first `sinks` and latest `window`
 positions, in a fixed number of slots, and the block sees exactly those."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
-from blockdraft.decode.window import ContextWindow
+from blockdraft.cache import ContextWindow
 from blockdraft.errors import InputError
 
 from conftest import random_prompts, tiny_draft, tiny_target

@@ -170,8 +170,8 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def context_window(args):
-    """The draft context window the flags ask for (decode/window.py), or None for the whole context."""
-    from ..decode.window import ContextWindow
+    """The draft context window the flags ask for (cache.ContextWindow), or None for the whole context."""
+    from ..cache import ContextWindow
 
     return None if args.draft_window is None else ContextWindow(args.draft_window, args.draft_sinks)
 

@@ -15,7 +15,7 @@ from ..model.packed import head_linear
 from ..model.target import Target
 from .tree import top_candidates
 from .vocab import prompt_only_ids, scatter_logits
-from .window import ContextWindow
+from ..cache import ContextWindow
 
 
 def padded_rows(counts: torch.Tensor, width: int) -> torch.Tensor:
@@ -39,7 +39,7 @@ class Drafter:
         self.config = draft.config
         self.block_size = draft.config.block_size if block_size is None else int(block_size)
         self.cache: KVCache | None = None
-        # Bounded context (window.py): by default the loaded draft's; None keeps every position.
+        # Bounded context (cache.ContextWindow): by default the loaded draft's; None keeps every position.
         self.window = draft.window if window is None else window
         if self.window is not None and not isinstance(self.window, ContextWindow):
             raise InputError(f"the draft's context window must be a ContextWindow(window, sinks) or None, got "
@@ -116,7 +116,7 @@ class Drafter:
         """Feed pending features [B, P, L*D] (the first counts[b] rows of each row are real) into the cache.
 
         Row b's pending features are positions seen[b] .. seen[b] + counts[b] - 1. Padding entries are written to
-        slots past the new length, where they stay masked until overwritten. With a window (window.py) each
+        slots past the new length, where they stay masked until overwritten. With a window (cache.ContextWindow) each
         position goes to its ring slot, and what the window does not keep to a slot that is never read.
         """
         start = self.seen  # [B]

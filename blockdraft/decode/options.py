@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..sampling import SamplingParams
 from .requests import is_count
 from .selection import SAMPLERS
-from .window import ContextWindow
+from ..cache import ContextWindow
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class DecodeOptions:
     prompt-lookup continuations too (lookup.py). sampling: temperature and filters (greedy at 0) and the seed.
     sampler: "coupled" (Gumbel noise keyed by seed and position: a seed gives the target-alone sample of that
     seed), "rejection" (the draft's samples tested against p), or "auto" (coupled when seeded). draft_argmax:
-    the rejection sampler proposes the draft's argmax. window: bound the draft's context memory (window.py;
+    the rejection sampler proposes the draft's argmax. window: bound the draft's context memory (cache.ContextWindow;
     None: the loaded draft's own). Each choice keeps the output exact; only speed differs."""
 
     block_size: int | None = None

@@ -12,7 +12,7 @@ import torch
 from ..config import DraftConfig, check_against_target, choose_mask_token_id
 from .ngrams import NgramTable, read_table
 from .vocab import read_vocab
-from ..decode.window import ContextWindow
+from ..cache import ContextWindow
 from ..errors import InputError
 from ..model.draft import DFlashDraftModel
 from ..model.packed import pack_module
@@ -28,7 +28,7 @@ DEFAULT_DRAFT = SHIPPED_DRAFTS / "smollm2-135m-instruct"
 class LoadedDraft:
     """A draft ready to decode with: its module (on the target's device and dtype), whether it was trained (an
     untrained draft keeps the output exact, only acceptance is poor), its proposal vocabulary (decode/vocab.py:
-    ids [N'] it may propose, None for all), its context window (decode/window.py: None keeps every
+    ids [N'] it may propose, None for all), its context window (cache.ContextWindow: None keeps every
     position) and its n-gram table (io/ngrams.py: None for none)."""
 
     module: DFlashDraftModel
@@ -58,7 +58,7 @@ def load_draft(path: str | Path | None = None, target: Target | None = None, *, 
 
     A `blockdraft_vocab.json` beside the weights limits the ids the draft proposes (decode/vocab.py: faster,
     still exact); `full_vocab=True` ignores it. `context_window` bounds the draft's context cache to its first and
-    latest positions (decode/window.py: flat memory at long context, still exact); None keeps them all. A
+    latest positions (cache.ContextWindow: flat memory at long context, still exact); None keeps them all. A
     `blockdraft_ngrams.safetensors` beside them adds guesses from the n-gram table of the draft's training answers
     to prompt lookup (io/ngrams.py: no model cost, still exact); `ngrams=False` ignores it."""
     if context_window is not None and not isinstance(context_window, ContextWindow):

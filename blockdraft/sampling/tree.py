@@ -24,14 +24,19 @@ Shapes: B rows, N tree nodes (node 0 the anchor), V vocabulary.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .transforms import Generators, draw_uniforms, sample_from_uniforms
 
-if TYPE_CHECKING:  # a tree is built in decode/tree.py; only its three tensors are read here
-    from ..decode.tree import Tree
+
+class Tree(Protocol):
+    """What acceptance reads of a tree (decode/tree.py builds them): its three tensors, nothing else."""
+
+    tokens: torch.Tensor  # [B, N] node tokens; node 0 is the anchor
+    parents: torch.Tensor  # [B, N] parent node index; -1 for the anchor
+    depths: torch.Tensor  # [B, N] 0 for the anchor, d for a guess at slot d
 
 
 def tree_sample_from_uniforms(p: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,

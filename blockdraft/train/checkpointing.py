@@ -21,7 +21,6 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -33,8 +32,7 @@ from ..errors import CheckpointError, ConfigError, InputError
 from ..io.checkpoint import is_draft_folder, read_checkpoint, write_checkpoint
 from .settings import TrainConfig
 
-if TYPE_CHECKING:
-    from .trainer import Run
+from .run import Run
 
 CHECKPOINT = "checkpoint"
 STATE_JSON = "trainer_state.json"

@@ -24,7 +24,6 @@ import dataclasses
 import math
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
 from typing import Callable
@@ -37,7 +36,7 @@ from ..io.vocab import read_vocab
 from ..io.targets import parse_dtype
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
-from .batches import data_fingerprint, epoch_batches, load_split, make_micro_batch, rank_micro_batches, seeded_generator
+from .batches import data_fingerprint, load_split, make_micro_batch, rank_micro_batches, seeded_generator
 from .checkpointing import dtype_name, restore, save_draft, save_training_state
 from .data import Example, emitted_tokens
 from .evaluate import BlockMetrics, evaluate_teacher_forced
@@ -50,66 +49,10 @@ from .objective import batch_vocab, weighted_loss
 from .preflight import check_data, check_init, data_notes
 from .ranks import Ranks
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
+from .run import Run
 from .settings import TrainConfig
 
 __all__ = ["TrainConfig", "train"]
-
-@dataclass
-class Run:
-    """Everything the loop reads and advances; the position (step, epoch, position) is what a checkpoint stores."""
-
-    cfg: TrainConfig
-    target: Target
-    ranks: Ranks
-    examples: list[Example]
-    train_indices: list[int]
-    val_indices: list[int]
-    draft_cfg: DraftConfig
-    forward: BlockForward
-    model: torch.nn.Module  # forward, wrapped in DDP under torchrun
-    optimizer: torch.optim.Optimizer
-    names: list[str]
-    head: torch.Tensor
-    autocast_dtype: torch.dtype | None
-    total_steps: int
-    step: int = 0
-    epoch: int = 0
-    position: int = 0
-    metrics: BlockMetrics | None = None
-    last_train: dict | None = None
-    last_val: dict | None = None
-    grad_norm: float = 0.0
-    skipped: int = 0
-    batches: dict = field(default_factory=dict)
-    cache: FeatureCache | None = None
-    vocab: torch.Tensor | None = None  # [N] the proposal vocabulary the head is limited to (proposal_vocab)
-    vocab_ids: list[int] = field(default_factory=list)  # the draft's proposal vocabulary, written beside it
-    vocab_source: str = ""
-    data_sha256: str = ""  # `data_fingerprint` of the examples: a resume must find the same data
-    lr: float = 0.0  # the learning rate of the last step
-    started: float = 0.0  # monotonic() at the first step of this process
-    elapsed: float = 0.0  # seconds since `started` after the last step, the same on every rank
-    draft_saved: float = 0.0  # `elapsed` when the draft folder was last written
-
-    @property
-    def device(self) -> torch.device:
-        return self.target.device
-
-    @property
-    def finished(self) -> bool:
-        """All steps done, or the time budget spent."""
-        budget = self.cfg.time_budget
-        return self.step >= self.total_steps or (budget is not None and self.elapsed >= budget)
-
-    @property
-    def max_len(self) -> int:
-        return min(self.cfg.max_seq_len, self.target.max_positions)
-
-    def batches_of(self, epoch: int) -> list[list[int]]:
-        """The epoch's global batches (only the current epoch's are kept)."""
-        if epoch not in self.batches:
-            self.batches = {epoch: epoch_batches(self.train_indices, epoch, self.cfg.batch_size, self.cfg.seed)}
-        return self.batches[epoch]
 
 
 def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> Path:
