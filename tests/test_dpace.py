@@ -74,8 +74,9 @@ def test_dpace_training_runs_and_refuses_bad_settings(tmp_path):
     write_data(tmp_path / "data", count=8)
     out = train(tiny_target("llama"), config(tmp_path, weighting="dpace", max_steps=2, log_every=1))
     assert (out / "model.safetensors").exists()
-    # The same two steps with the decayed weights: a trainer that dropped the setting would write the same draft.
-    plain = train(tiny_target("llama"), config(tmp_path, name="plain", max_steps=2, log_every=1))
+    # The same two steps with the weights D-PACE starts from (validity alone, gamma = inf) and no D-PACE factors:
+    # a trainer that dropped the setting, or its factors, would write the same draft.
+    plain = train(tiny_target("llama"), config(tmp_path, name="plain", gamma=math.inf, max_steps=2, log_every=1))
     dpace, decayed = tensors(out / "model.safetensors"), tensors(plain / "model.safetensors")
     assert any(not torch.equal(dpace[n], decayed[n]) for n in dpace), "weighting='dpace' changed no update"
     with pytest.raises(Exception, match="weighting"):
