@@ -1,4 +1,4 @@
-"""The GPU window (scripts/gpu_train.sh, docs/training.md "One GPU window"): its refusals, its stages' rules, and
+"""The GPU window (lab/gpu_train.sh, docs/training.md "One GPU window"): its refusals, its stages' rules, and
 a dry run on CPU, end to end, on the embedded target (slow). The trainer's time budget and the drafts it writes
 while training are tested in test_trainer.py.
 """
@@ -17,7 +17,7 @@ from blockdraft.model.target import Target
 from conftest import char_tokenizer, needs_smollm2, tiny_target
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "lab"))
 
 import gpu_check  # noqa: E402
 import gpu_prep  # noqa: E402
@@ -183,8 +183,8 @@ def test_the_plan_names_every_call_with_its_carry_and_a_timeout_that_fits(monkey
     assert gpu_train.main(["plan", "--train-seconds", "100"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("call ")]
     assert len(lines) == 3
-    assert 'command="bash scripts/gpu_train.sh part 1", carry=[".gpu_1"], timeout_s=60' in lines[0]
-    assert "part 3 && bash scripts/gpu_train.sh run --out \\\"$OUT\\\" --train-seconds 100" in lines[2]
+    assert 'command="bash lab/gpu_train.sh part 1", carry=[".gpu_1"], timeout_s=60' in lines[0]
+    assert "part 3 && bash lab/gpu_train.sh run --out \\\"$OUT\\\" --train-seconds 100" in lines[2]
     assert '".gpu_3", ".whl"' in lines[2] and "timeout_s=485" in lines[2], "60 + 90 + 100 + 45 + 50 + 110, + 30"
 
 
@@ -215,7 +215,7 @@ def split_embedded_gguf(folder: Path, parts: int = 3) -> Path:
 
 
 def prompt_extracts(folder: Path) -> Path:
-    result = subprocess.run(["bash", "scripts/gpu_train.sh", "prep", "--prompts-dir", str(folder), "--per-set", "8"],
+    result = subprocess.run(["bash", "lab/gpu_train.sh", "prep", "--prompts-dir", str(folder), "--per-set", "8"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     if result.returncode != 0 and "not installed" in result.stderr:
         pytest.skip("the prompt-set packages are not installed (README)")
@@ -226,7 +226,7 @@ def prompt_extracts(folder: Path) -> Path:
 def dry_run(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     parts = split_embedded_gguf(tmp_path / "parts")
     prompts = prompt_extracts(tmp_path / "prompts")
-    command = ["bash", "scripts/gpu_train.sh", "run", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+    command = ["bash", "lab/gpu_train.sh", "run", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
                "--parts-dir", str(parts), "--sha256-file", str(parts / "sha256"), "--prompts-dir", str(prompts),
                "--no-install", "--device", "cpu", "--threads", "1",
                "--data-seconds", "4", "--data-batch-size", "4", "--data-slice", "4", "--data-max-new-tokens", "24",
@@ -275,7 +275,7 @@ def test_dry_run_on_cpu_returns_a_draft_that_loads_with_eval_and_bench(tmp_path)
 @pytest.mark.slow
 @needs_smollm2
 def test_dry_run_with_a_doctored_reference_refuses_to_train(tmp_path):
-    reference = json.loads((REPO / "scripts" / "gpu_reference.json").read_text())
+    reference = json.loads((REPO / "lab" / "gpu_reference.json").read_text())
     tokens = reference["prompts"][0]["tokens"]
     tokens[10] = tokens[10] + 1
     (tmp_path / "reference.json").write_text(json.dumps(reference))

@@ -3,8 +3,8 @@
 A `.jsonl` line is an object with "prompt" (a string) or "messages" (a list of {"role", "content"} ending with a
 user turn), and optionally "id". A `.txt` file holds one prompt per line. Blank lines are skipped.
 
-An extract carries a slice of a registered set to a machine without its package (the GPU machine reaches no
-registry and takes at most 64 MiB, docs/data.md §4). Its first line is a header naming the set, package==version,
+An extract carries a slice of a registered set to a machine without its package (one that reaches no registry,
+docs/data.md §4). Its first line is a header naming the set, package==version,
 sha256 and licence of the source file; loading it restores the set name, so a benchmark extract can never pass
 as training data.
 """

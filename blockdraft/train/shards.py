@@ -27,7 +27,7 @@ from ..errors import InputError
 
 FORMAT, VERSION = "blockdraft-data", "1"
 ARRAYS = ("tokens", "offsets", "prompt_lengths")
-MAX_SHARD_BYTES = 15 * 2**20  # a shard copies quickly and stays far below the 64 MiB a transfer may carry
+MAX_SHARD_BYTES = 15 * 2**20  # small shards copy, resume and travel one at a time (docs/data.md §4)
 
 
 class StoredExample:

@@ -2,7 +2,7 @@
 
 1. The GGUF joined from its parts is byte for byte the embedded target's file (its sha256).
 2. The target, loaded from it on the device in float32, decodes the greedy tokens computed on a CPU in float32
-   and stored in scripts/gpu_reference.json (`make_reference`). A token may differ only where the target's two
+   and stored in lab/gpu_reference.json (`make_reference`). A token may differ only where the target's two
    best scores lie within float32 rounding of each other (decode/ties.py): summing in another order can pick
    either there. Any other difference means the device computes another model (a damaged file, another
    tokenizer or chat template, a converter that changed), and a draft trained on it would be fitted to that.
@@ -102,7 +102,7 @@ def make_reference(target, gguf_sha256: str, prompts=REFERENCE_PROMPTS,
             "max_new_tokens": max_new_tokens, "decoding": "greedy, target alone, one prompt at a time",
             "made_with": {"python": platform.python_version(), "torch": torch.__version__,
                           "transformers": transformers.__version__, "machine": platform.machine()},
-            "command": "scripts/gpu_train.sh reference", "prompts": rows}
+            "command": "lab/gpu_train.sh reference", "prompts": rows}
 
 
 def check_greedy(target, reference: dict) -> list[str]:
@@ -175,7 +175,7 @@ def check(args, log, sha256: str) -> dict:
     reference = json.loads(args.reference.read_text())
     if reference["gguf_sha256"] != sha256:
         raise Refused(f"{args.reference} was computed from a GGUF with sha256 {reference['gguf_sha256']}, not this "
-                      "one; run `scripts/gpu_train.sh reference` where that file is installed")
+                      "one; run `lab/gpu_train.sh reference` where that file is installed")
     torch.set_float32_matmul_precision("highest")  # no TF32: the reference is float32 all through
     target = load_target(dtype="float32", device=args.device)
     notes = check_greedy(target, reference)

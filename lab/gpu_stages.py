@@ -176,7 +176,7 @@ def generate_data(args, log: Log, budget: float) -> dict:
     sets = [str(p) for p in sorted((args.prompts_dir / "train").glob("*.jsonl"))]
     if not sets:
         raise FileNotFoundError(f"no training prompt extracts in {args.prompts_dir / 'train'}; run "
-                                "`scripts/gpu_train.sh prep` and carry its folder")
+                                "`lab/gpu_train.sh prep` and carry its folder")
     sets += [] if args.no_magpie else ["magpie"]  # prompts the target writes itself (docs/data.md)
     started, slices, examples, error = monotonic(), [], 0, None
     while True:

@@ -1,6 +1,6 @@
 """What a GPU window needs prepared here, once: the target's GGUF in parts and the gguf wheel (`split`), the prompt
 extracts it carries (`prep`), the greedy reference it checks the target against (`reference`), and the device
-calls (`plan`). scripts/gpu_train.py runs these modes.
+calls (`plan`). lab/gpu_train.py runs these modes.
 """
 
 from __future__ import annotations
@@ -115,12 +115,12 @@ def print_plan(run_options: list[str], options, seconds: float) -> int:
     given, `options` as `run` parses them, `seconds` the job's whole time."""
     folders = gpu_folders()
     if not folders:
-        print("no .gpu_N folders: run `scripts/gpu_train.sh split` first", file=sys.stderr)
+        print("no .gpu_N folders: run `lab/gpu_train.sh split` first", file=sys.stderr)
         return 2
     n = len(folders)
-    final = (f"bash scripts/gpu_train.sh part {n} && bash scripts/gpu_train.sh run --out \"$OUT\" "
+    final = (f"bash lab/gpu_train.sh part {n} && bash lab/gpu_train.sh run --out \"$OUT\" "
              + shlex.join(run_options)).strip()  # quoted as given: --train-extra "..." stays one argument
-    calls = [(f"bash scripts/gpu_train.sh part {i}", [f".gpu_{i}"], 60) for i in range(1, n)]
+    calls = [(f"bash lab/gpu_train.sh part {i}", [f".gpu_{i}"], 60) for i in range(1, n)]
     calls.append((final, [f".gpu_{n}", ".whl", *[p for p in (".gpudata",) if (REPO / p).is_dir()]],
                   int(seconds + 30)))
     base = _travelling_bytes()

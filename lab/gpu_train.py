@@ -1,5 +1,5 @@
 """One GPU window: train a DFlash draft for the embedded SmolLM2-135M-Instruct within one 15-minute device lease
-(docs/training.md, "One GPU window"). scripts/gpu_train.sh runs this file from the repository root.
+(docs/training.md, "One GPU window"). lab/gpu_train.sh runs this file from the repository root.
 
 Here, once:   gpu_train.sh split             (the GGUF in parts: .gpu_1 .. .gpu_N, and the gguf wheel: .whl)
               gpu_train.sh prep              (prompt extracts: .gpudata/prompts/{train,eval}/*.jsonl)
@@ -7,7 +7,7 @@ Here, once:   gpu_train.sh split             (the GGUF in parts: .gpu_1 .. .gpu_
 On the device, back to back (an idle machine goes back after ~30 s, with its /tmp):
               gpu_train.sh part I            (calls 1 .. N: copy part I to --parts-dir)
               gpu_train.sh run [RUN OPTIONS] (after `part N`, in the last call: join, check, data, train, eval, bench)
-gpu_train.sh reference rewrites scripts/gpu_reference.json (greedy tokens, CPU, float32).
+gpu_train.sh reference rewrites lab/gpu_reference.json (greedy tokens, CPU, float32).
 
 `run` writes only under --out ($OUT), which must start empty: run.log, summary.json and draft/ (config.json,
 blockdraft_vocab.json, and model.safetensors or model.safetensors.index.json with its shards, each < 16 MiB).
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--max-prompt-tokens", type=int, default=384, help="as `blockdraft data`: longer ones are cut")
     prep.add_argument("--per-set", type=int, default=None, help="at most this many prompts of each training set")
     reference = sub.add_parser("reference", help="write the greedy reference tokens (CPU, float32)")
-    reference.add_argument("--reference", type=Path, default=Path("scripts/gpu_reference.json"))
+    reference.add_argument("--reference", type=Path, default=Path("lab/gpu_reference.json"))
     sub.add_parser("plan", help="print the device calls; options after it go to `run`")
     run = sub.add_parser("run", help="join, check, data, train, eval, bench (the last device call)",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -85,7 +85,7 @@ def add_run_arguments(run) -> None:
     paths.add_argument("--data-in", type=Path, action="append", default=None,
                        help="a carried `blockdraft data` folder trained on too, once per folder (default: "
                             ".gpudata/data if present)")
-    paths.add_argument("--reference", type=Path, default=Path("scripts/gpu_reference.json"))
+    paths.add_argument("--reference", type=Path, default=Path("lab/gpu_reference.json"))
     budget = run.add_argument_group("time (seconds)")
     budget.add_argument("--data-seconds", type=float, default=90, help="0: train on --data-in only")
     budget.add_argument("--train-seconds", type=float, default=180, help="of training steps (--time-budget)")
