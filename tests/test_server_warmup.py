@@ -9,7 +9,7 @@ so a decode priced from a bucket that was not yet measured (a borrowed neighbour
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import pytest
 from fastapi.testclient import TestClient
@@ -71,12 +71,13 @@ def test_health_warms_then_serves_with_the_costs_of_a_warm_server(model, gated, 
         early = [pool.submit(client.post, TEXT, json=body) for body in bodies]
         wait_for(lambda: app.state.worker.queue_depth == 3)
         gated.gates[1].set()
-        first = early[0].result(timeout=60)  # served while bucket 2 is still being "measured"
-        assert first.status_code == 200
+        # Whichever request reached the queue first is served while bucket 2 is still being "measured".
+        served, _ = wait(early, timeout=60, return_when=FIRST_COMPLETED)
+        assert len(served) == 1 and served.pop().result().status_code == 200
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
         assert health.json()["batch_rows_ready"] == 1
-        assert not early[1].done() and not early[2].done(), "a batch must not outgrow the buckets measured"
+        assert sum(f.done() for f in early) == 1, "a batch must not outgrow the buckets measured"
         gated.gates[2].set()
         gated.gates[4].set()
         warming = [f.result(timeout=60).json()["choices"][0]["text"] for f in early]
