@@ -103,8 +103,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(model, monkeypatch):
     with loopback(app) as client:
         with httpx.Client(base_url=str(client.base_url), timeout=60) as leaving:
             with leaving.stream("POST", TEXT, json=text_body("bye", max_tokens=300, stream=True)) as response:
-                next(response.iter_lines())
-                assert gauge(client, "blockdraft_active_rows") == 1
+                next(response.iter_lines())  # may come before the worker takes the row: wait for the row
+                wait_for(lambda: gauge(client, "blockdraft_active_rows") == 1, timeout=10)
         # The connection is closed (the response was not read to its end).
         wait_for(lambda: gauge(client, "blockdraft_active_rows") == 0, timeout=10)
         decoded = sum(committed)
