@@ -40,6 +40,20 @@ def raise_collected(problems: list[str], error: type[BlockdraftError] = ConfigEr
     raise error(f"{len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+def export_layer_problems(cfg, runtime: str) -> list[str]:
+    """What an exported draft's layers need that `runtime` (transformers' DFlash class, llama.cpp's DFlash loader)
+    lacks: both build q/k/v/o without biases (the bias tensors would be dropped without a word), and both run a
+    sliding layer bidirectionally inside its window where ours is causal (docs/format.md §3.5)."""
+    problems = []
+    if cfg.attention_bias:
+        problems.append(f"`attention_bias` is true, but {runtime} has no q/k/v/o biases; export a draft trained "
+                        "without attention bias")
+    if any(t != "full_attention" for t in cfg.layer_types):
+        problems.append(f"`layer_types` is {list(cfg.layer_types)}; only full-attention drafts export, since "
+                        f"{runtime} runs sliding layers non-causally; export a full-attention draft")
+    return problems
+
+
 def normalise_rope_scaling(scaling):
     """`rope_scaling`/`rope_parameters` minus `rope_theta`; None when it only says rope_type 'default'."""
     if not isinstance(scaling, dict):

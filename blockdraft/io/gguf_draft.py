@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checks import export_layer_problems
 from ..config import DraftConfig
 from ..errors import CheckpointError
 from .gguf import open_gguf
@@ -62,17 +63,9 @@ def gguf_name(name: str) -> str:
 
 
 def gguf_problems(cfg: DraftConfig) -> list[str]:
-    """What llama.cpp's DFlash loader would run differently from blockdraft; each names the field and the fix."""
-    problems = []  # RoPE needs no check: DraftConfig admits only the default RoPE, which llama.cpp runs too
-    # llama_model_dflash creates no q/k/v/o bias tensors: the biases would be dropped without a word.
-    if cfg.attention_bias:
-        problems.append("`attention_bias` is true, but llama.cpp's DFlash layers have no q/k/v/o biases; "
-                        "export a draft trained without attention bias")
-    # Our sliding layers are causal inside the window (docs/format.md §3.5); llama.cpp's DFlash block is not.
-    if any(t != "full_attention" for t in cfg.layer_types):
-        problems.append(f"`layer_types` is {list(cfg.layer_types)}; only full-attention drafts export to "
-                        "llama.cpp; export a full-attention draft")
-    return problems
+    """What llama.cpp's DFlash loader would run differently from blockdraft; each names the field and the fix.
+    RoPE needs no check: DraftConfig admits only the default RoPE, which llama.cpp runs too."""
+    return export_layer_problems(cfg, "llama.cpp's DFlash loader")
 
 
 def draft_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:

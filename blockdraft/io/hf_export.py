@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config import DraftConfig
 from ..config_fields import ARCHITECTURE, EXTRA_FIELDS
-from ..checks import raise_collected
+from ..checks import export_layer_problems, raise_collected
 
 HF_MODEL_TYPE = "muse_glimmer_assistant"
 HF_ARCHITECTURE = "MuseGlimmerAssistantModel"
@@ -39,15 +39,7 @@ def is_transformers_config(data: Any) -> bool:
 
 def export_problems(cfg: DraftConfig) -> list[str]:
     """What transformers' class would run differently from blockdraft; each names the field and the fix."""
-    problems = []
-    # Its projections are built without bias: the bias tensors would be "unexpected" and silently dropped.
-    if cfg.attention_bias:
-        problems.append("`attention_bias` is true, but transformers' DFlash class has no q/k/v/o biases; "
-                        "export a draft trained without attention bias")
-    # Its sliding layers attend bidirectionally inside the window; ours are causal (docs/format.md §3.5).
-    if any(t != "full_attention" for t in cfg.layer_types):
-        problems.append(f"`layer_types` is {list(cfg.layer_types)}; only full_attention drafts export, since "
-                        "transformers runs sliding layers non-causally; export a full-attention draft")
+    problems = export_layer_problems(cfg, "transformers' DFlash class")
     if cfg.rope_scaling is not None:
         problems.append(f"`rope_scaling` is {cfg.rope_scaling!r}; the export carries default RoPE only; "
                         "export a draft with null `rope_scaling`")
