@@ -18,7 +18,8 @@ import torch
 
 import blockdraft
 from blockdraft.api import encode
-from blockdraft.decode.generate import generate
+from blockdraft.decode.decoder import Decoder
+from blockdraft.decode.options import DecodeOptions
 from blockdraft.hardware import describe_line
 from blockdraft.io.targets import parse_dtype
 from blockdraft.metrics import AcceptanceStats
@@ -50,8 +51,8 @@ def batch_prompts(target) -> tuple[str, list[list[int]]]:
 def timed(target, draft, ids, max_new_tokens: int, block_size: int, adaptive: bool = False):
     """One batched greedy decode -> (results, seconds)."""
     start = time.perf_counter()
-    results = generate(target, draft, ids, max_new_tokens=max_new_tokens, block_size=block_size,
-                       adaptive=adaptive and draft is not None)
+    options = DecodeOptions(block_size=block_size, tree=False, adaptive=adaptive, lookup=False)
+    results = Decoder(target, draft, options).generate(ids, max_new_tokens=max_new_tokens)
     if target.device.type == "cuda":
         torch.cuda.synchronize()
     return results, time.perf_counter() - start
@@ -70,10 +71,10 @@ def main() -> None:
     args.dtype = str(parse_dtype(args.dtype, args.device)).removeprefix("torch.")
     target = blockdraft.load_target(dtype=args.dtype, device=args.device)
     draft = blockdraft.load_draft(target=target)
-    K = args.block_size or draft.config.block_size
+    K = DecodeOptions(block_size=args.block_size).block_size_of(draft.config.block_size)
     prompt_set, ids = batch_prompts(target)
     for d in (None, draft):  # warm-up: first-call allocations are not part of either number
-        generate(target, d, ids, max_new_tokens=min(8, args.max_new_tokens), block_size=K)
+        timed(target, d, ids, min(8, args.max_new_tokens), K)
 
     seconds = {"target alone": 0.0, "speculative": 0.0}
     tokens = {"target alone": 0, "speculative": 0}

@@ -29,7 +29,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from blockdraft.decode.generate import as_drafter, measured_costs
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.options import DecodeOptions
     from blockdraft.io.drafts import load_draft
     from blockdraft.io.targets import load_target
 
@@ -39,8 +40,8 @@ def main() -> None:
     for weights in args.weights.split(","):
         target = load_target(weights=weights)
         draft = load_draft(None, target)
-        drafter = as_drafter(target, draft, None)
-        costs = measured_costs(target, drafter, args.tree, args.rows, fresh=True)
+        options = DecodeOptions(tree=args.tree, lookup=False)
+        costs = Decoder(target, draft, options, measure_costs=True).costs(args.rows)
         bucket = costs._bucket(args.rows)
         plain = costs.plain[bucket]
         widths = sorted(costs.drafted[bucket])

@@ -37,7 +37,7 @@ def unseen_examples(folder: str, patterns: list[str], limit: int, tokenizer) -> 
 def benchmark_examples(target, sets: list[str], limit: int, max_new_tokens: int) -> list:
     """The target's own greedy answers to benchmark prompts, as examples (answer supervised)."""
     from blockdraft.api import encode
-    from blockdraft.decode.generate import generate
+    from blockdraft.decode.decoder import Decoder
     from blockdraft.prompts import load_prompts
     from blockdraft.train.data import make_example
 
@@ -45,7 +45,7 @@ def benchmark_examples(target, sets: list[str], limit: int, max_new_tokens: int)
     for name in sets:
         prompts = load_prompts(name, limit=limit)
         ids = [encode(target, list(p.messages)) for p in prompts]
-        for n, (prompt, result) in enumerate(zip(ids, generate(target, None, ids, max_new_tokens=max_new_tokens))):
+        for n, (prompt, result) in enumerate(zip(ids, Decoder(target, None).generate(ids, max_new_tokens=max_new_tokens))):
             examples.append(make_example(f"{name}:{n}", prompt, list(result.tokens)))
     return examples
 

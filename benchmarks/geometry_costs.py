@@ -47,7 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from blockdraft.decode.generate import as_drafter, measured_costs
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.options import DecodeOptions
     from blockdraft.io.drafts import load_draft
     from blockdraft.io.targets import load_target
 
@@ -59,7 +60,8 @@ def main() -> None:
         for name, (taps, layers, K) in GEOMETRIES.items():
             for served in sorted({K, 8}):
                 draft = geometry_draft(target, taps, layers, K, vocab)
-                costs = measured_costs(target, as_drafter(target, draft, served), False, 1, fresh=True)
+                chain = DecodeOptions(block_size=served, tree=False, lookup=False)
+                costs = Decoder(target, draft, chain, measure_costs=True).costs(1)
                 plain = costs.plain[1]
                 widths = sorted({2, 4, served})
                 row = {"plain_ms": plain * 1e3,

@@ -75,10 +75,8 @@ def fixed_step_costs(request, monkeypatch):
     busy machine would change which steps a test sees (never the output). Tests marked `measured_costs` time them."""
     if request.node.get_closest_marker("measured_costs") is None:
         import blockdraft.decode.decoder as decoder
-        import blockdraft.decode.generate as generate
 
-        for module in (generate, decoder):
-            monkeypatch.setattr(module, "measured_costs", lambda *args, **kwargs: COSTS)
+        monkeypatch.setattr(decoder, "measured_costs", lambda *args, **kwargs: COSTS)
 
 
 def tiny_target(family: str = "llama", layers: int = 6, seed: int = 0) -> Target:
@@ -108,6 +106,34 @@ def tiny_draft(target: Target, layers: int = 2, block_size: int = 16, seed: int 
     draft = DFlashDraftModel(cfg)
     draft.init_weights(generator=torch.Generator().manual_seed(seed))
     return draft.float().eval()
+
+
+def proposer(target: Target, draft, preset: str = "chain", *, rows: int = 1, costs=None, **changes):
+    """What a Decoder builds for one decode of `rows` rows from a bench preset (decode/options.py PRESETS: chain,
+    tree, adaptive, default) with `changes` (block_size=4, lookup=True, ...): the proposer tests hand the engine
+    (decode/generate.py), with selectors of their own where they need them. The target alone without a draft."""
+    from dataclasses import replace
+
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.options import PRESETS
+
+    return Decoder(target, draft, replace(PRESETS[preset], **changes), costs=costs).proposer(rows)
+
+
+def own_proposer(target: Target, draft, policy, lookup=None, *, tree: bool = False, block_size: int | None = None):
+    """A proposer of a test's own width policy (CyclingWidth, a Stopwatch) and lookup (AlternatingLookup, a
+    PromptLookup it inspects afterwards), over the draft's runner as a Decoder builds it; the target alone without
+    a draft."""
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.options import DecodeOptions
+    from blockdraft.decode.proposers import ChainProposer, TargetAlone, TreeProposer
+
+    if draft is None:
+        return TargetAlone()
+    drafter = Decoder(target, draft, DecodeOptions(block_size=block_size)).drafter()
+    if tree:
+        return TreeProposer(drafter, policy, lookup)
+    return ChainProposer(drafter, policy, lookup, int(target.lm_head.weight.shape[0]))
 
 
 def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:

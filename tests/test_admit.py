@@ -7,20 +7,20 @@ import torch
 
 from blockdraft.io.drafts import LoadedDraft
 from blockdraft.decode.generate import Admission, generate, stream
-from blockdraft.decode.lookup import PromptLookup
-from blockdraft.decode.policy import make_policy
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.selection import Selector
 from blockdraft.errors import InputError
 from blockdraft.sampling import SamplingParams
 
-from conftest import COSTS, tiny_draft, tiny_target
+from conftest import proposer, tiny_draft, tiny_target
 
 FIRST = [[1, 5, 9, 13, 17], [3, 4]]
 LATER = [[7, 8, 9, 10, 11, 12, 13, 14, 15], [2, 6], [5, 5, 5, 9]]
 
 
-def run_with_admissions(target, draft, budgets_first, later, *, after: int, selector=None, **kwargs):
-    """Decode FIRST, admitting one row of `later` [(prompt, budget, seed)] every `after` events; tokens per row."""
+def run_with_admissions(target, guesses, budgets_first, later, *, after: int, selector=None, room=None):
+    """Decode FIRST with the proposer `guesses`, admitting one row of `later` [(prompt, budget, seed)] every `after`
+    events; tokens per row."""
     queue, seen, rooms = list(later), [0], []
     got: dict[int, list[int]] = {}
 
@@ -32,8 +32,8 @@ def run_with_admissions(target, draft, budgets_first, later, *, after: int, sele
             return [Admission(prompt, budget, seed)]
         return []
 
-    for event in stream(target, draft, FIRST, max_new_tokens=budgets_first, stop_token_ids=[], admit=admit,
-                        selector=selector, **kwargs):
+    for event in stream(target, guesses, FIRST, max_new_tokens=budgets_first, stop_token_ids=[], admit=admit,
+                        selector=selector, room=room):
         got.setdefault(event.row, []).extend(event.tokens)
         seen[0] += 1
     assert not queue, "every later row must have been admitted"
@@ -44,14 +44,12 @@ def run_with_admissions(target, draft, budgets_first, later, *, after: int, sele
 def test_joining_rows_decode_as_they_would_alone(mode):
     target = tiny_target("llama")
     draft = None if mode == "alone" else tiny_draft(target, block_size=4)
-    kwargs = {} if mode != "adaptive-tree-lookup" else dict(adaptive=make_policy(4, True, COSTS, tree=True),
-                                                            lookup=PromptLookup(4, COSTS), tree=True)
+    guesses = proposer(target, draft, "default" if mode == "adaptive-tree-lookup" else "chain", block_size=4)
     later = [(p, b, None) for p, b in zip(LATER, [12, 20, 7])]
-    got, rooms = run_with_admissions(target, draft, [30, 10], later, after=3, block_size=4 if draft else None,
-                                     **kwargs)
+    got, rooms = run_with_admissions(target, guesses, [30, 10], later, after=3)
     assert set(got) == {0, 1, 2, 3, 4} and min(rooms) >= 30 + 5
     for row, (prompt, budget) in enumerate(zip(FIRST + LATER, [30, 10, 12, 20, 7])):
-        alone = generate(target, None, [prompt], max_new_tokens=budget, stop_token_ids=[])[0]
+        alone = generate(target, TargetAlone(), [prompt], max_new_tokens=budget, stop_token_ids=[])[0]
         assert got[row] == alone.tokens, f"row {row} ({mode}) differs from the target alone"
 
 
@@ -61,8 +59,9 @@ def test_a_joining_sampled_row_draws_what_it_draws_alone():
     params = SamplingParams(temperature=0.9, seed=0)
     later = [(LATER[0], 16, 1234)]
     selector = Selector(params, seeds=[11, 12])
-    got, _ = run_with_admissions(target, draft, [24, 8], later, after=4, selector=selector, block_size=4)
-    alone = generate(target, draft, [LATER[0]], max_new_tokens=16, stop_token_ids=[], block_size=4,
+    got, _ = run_with_admissions(target, proposer(target, draft, block_size=4), [24, 8], later, after=4,
+                                 selector=selector)
+    alone = generate(target, proposer(target, draft, block_size=4), [LATER[0]], max_new_tokens=16, stop_token_ids=[],
                      selector=Selector(params, seeds=[1234]))[0]
     # The draft's q enters every acceptance test, so this also checks that the joining row's prompt features
     # reached the draft's context (greedy output is exact whatever the draft sees).
@@ -76,11 +75,10 @@ def test_joining_coupled_rows_draw_the_target_alone_samples_of_their_seeds():
     draft = tiny_draft(target, block_size=4)
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=0)
     later = [(p, b, seed) for p, b, seed in zip(LATER, [12, 20, 7], [31, 32, 33])]
-    got, _ = run_with_admissions(target, draft, [30, 10], later, after=3, block_size=4,
-                                 selector=Selector(params, seeds=[21, 22], coupled=True),
-                                 adaptive=make_policy(4, True, COSTS, tree=True), lookup=PromptLookup(4, COSTS), tree=True)
+    got, _ = run_with_admissions(target, proposer(target, draft, "default", block_size=4), [30, 10], later, after=3,
+                                 selector=Selector(params, seeds=[21, 22], coupled=True))
     for row, (prompt, budget, seed) in enumerate(zip(FIRST + LATER, [30, 10, 12, 20, 7], [21, 22, 31, 32, 33])):
-        alone = generate(target, None, [prompt], max_new_tokens=budget, stop_token_ids=[],
+        alone = generate(target, TargetAlone(), [prompt], max_new_tokens=budget, stop_token_ids=[],
                          selector=Selector(params, seeds=[seed], coupled=True))[0]
         assert got[row] == alone.tokens, f"row {row} is not the target-alone sample of its seed {seed}"
 
@@ -89,11 +87,10 @@ def test_joining_coupled_rows_draw_the_target_alone_samples_of_their_seeds():
 def test_rows_can_join_after_every_row_has_finished(with_draft):
     target = tiny_target("llama")
     draft = tiny_draft(target, block_size=4) if with_draft else None
-    kwargs = dict(block_size=4, adaptive=make_policy(4, True, COSTS, tree=True), lookup=PromptLookup(4, COSTS),
-                  tree=True) if with_draft else {}
+    guesses = proposer(target, draft, "default", block_size=4)
     later = [(LATER[0], 20, None)]  # over the first rows' own need: it fits the room kept for joining rows
-    got, rooms = run_with_admissions(target, draft, [2, 2], later, after=4, room=64, **kwargs)
-    assert got[2] == generate(target, None, [LATER[0]], max_new_tokens=20, stop_token_ids=[])[0].tokens
+    got, rooms = run_with_admissions(target, guesses, [2, 2], later, after=4, room=64)
+    assert got[2] == generate(target, TargetAlone(), [LATER[0]], max_new_tokens=20, stop_token_ids=[])[0].tokens
     assert rooms[0] == 64, "the caches keep the room asked for"
 
 
@@ -104,7 +101,7 @@ def test_a_row_that_does_not_fit_is_refused():
         return [Admission([1] * room, 1)]
 
     with pytest.raises(InputError, match="within"):
-        list(stream(target, None, [[1, 2]], max_new_tokens=3, admit=admit))
+        list(stream(target, TargetAlone(), [[1, 2]], max_new_tokens=3, admit=admit))
 
 
 def test_stats_grow_with_the_joining_rows():
@@ -114,7 +111,7 @@ def test_stats_grow_with_the_joining_rows():
     draft = tiny_draft(target, block_size=4)
     stats = [AcceptanceStats(4), AcceptanceStats(4)]
     queue = [Admission(LATER[1], 6)]
-    list(stream(target, draft, FIRST, max_new_tokens=8, block_size=4, stats=stats,
+    list(stream(target, proposer(target, draft, block_size=4), FIRST, max_new_tokens=8, stats=stats,
                 admit=lambda room: [queue.pop()] if queue else []))
     assert len(stats) == 3 and stats[2].steps > 0 and sum(stats[2].histogram) == stats[2].steps
 

@@ -13,10 +13,11 @@ import torch
 
 import blockdraft.api as api
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.errors import InputError
 from blockdraft.sampling import SamplingParams
 
-from conftest import VOCAB, ScriptedDrafter, random_prompts, tiny_draft, tiny_target
+from conftest import VOCAB, ScriptedDrafter, proposer, random_prompts, tiny_draft, tiny_target
 
 
 # ---------------------------------------------------------------------------------------------- ragged batches
@@ -31,7 +32,7 @@ def llama():
     target = tiny_target("llama")
     prompts = random_prompts(PROMPT_LENGTHS, seed=5)
     # The target's own greedy continuations, long enough for the scripted drafter to look K ahead.
-    base = generate(target, None, prompts, max_new_tokens=MAX_NEW + K, stop_token_ids=[])
+    base = generate(target, TargetAlone(), prompts, max_new_tokens=MAX_NEW + K, stop_token_ids=[])
     references = [p + r.tokens for p, r in zip(prompts, base)]
     return target, prompts, references
 
@@ -57,15 +58,16 @@ def test_batch_equals_rows_alone(llama, drafter_kind):
         return draft
 
     stop = [staggered_stop(prompts, references)]
-    alone = [generate(target, drafter([i]), [p], max_new_tokens=MAX_NEW, block_size=K, stop_token_ids=stop)[0]
+    alone = [generate(target, proposer(target, drafter([i]), block_size=K), [p], max_new_tokens=MAX_NEW,
+                      stop_token_ids=stop)[0]
              for i, p in enumerate(prompts)]
     lengths = {len(r.tokens) for r in alone}
     assert len(lengths) >= 3 and {r.finish_reason for r in alone} == {"stop", "length"}, (
         f"rows should finish at different steps, got lengths {sorted(lengths)}"
     )
     for n in range(1, len(prompts) + 1):
-        batch = generate(target, drafter(list(range(n))), prompts[:n], max_new_tokens=MAX_NEW, block_size=K,
-                         stop_token_ids=stop)
+        batch = generate(target, proposer(target, drafter(list(range(n))), block_size=K), prompts[:n],
+                         max_new_tokens=MAX_NEW, stop_token_ids=stop)
         for i, (row, single) in enumerate(zip(batch, alone)):
             assert row.tokens == single.tokens and row.finish_reason == single.finish_reason, (
                 f"row {i} of a batch of {n} differs from the row decoded alone: batching changed greedy output"

@@ -7,7 +7,7 @@ import pytest
 
 from blockdraft.decode.costs import CostModel, batch_bucket, linear_costs, read_cached, write_cached
 from blockdraft.decode.drafter import Drafter
-from blockdraft.decode.generate import measured_costs
+from blockdraft.decode.measure import measured_costs
 
 from conftest import tiny_draft, tiny_target
 
@@ -34,7 +34,7 @@ def test_a_cost_model_survives_the_disk_cache(tmp_path):
 
 @pytest.mark.measured_costs
 def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkeypatch):
-    import blockdraft.decode.generate as generate
+    import blockdraft.decode.measure as generate
 
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
     monkeypatch.setattr(generate, "_COSTS", {})
@@ -53,7 +53,7 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
 @pytest.mark.measured_costs
 @pytest.mark.filterwarnings("ignore:the cached step costs")  # the stale cache is the point here
 def test_fresh_costs_replace_the_cached_ones_once_per_process(tmp_path, monkeypatch):
-    import blockdraft.decode.generate as generate
+    import blockdraft.decode.measure as generate
     from blockdraft.decode.costs import cost_key
 
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
@@ -119,7 +119,7 @@ def test_a_cache_from_a_busier_machine_is_named_and_kept():
 
 @pytest.mark.measured_costs
 def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
-    import blockdraft.decode.generate as generate
+    import blockdraft.decode.measure as generate
     from blockdraft.decode.costs import cost_key
 
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))

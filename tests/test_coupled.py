@@ -14,7 +14,7 @@ from blockdraft.decode.generate import generate
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
 
-from conftest import ScriptedDrafter, random_prompts, tiny_draft, tiny_target
+from conftest import ScriptedDrafter, proposer, random_prompts, tiny_draft, tiny_target
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=0.95, seed=77)
 PROMPT_LENGTHS = [4, 11, 2, 7]
@@ -33,8 +33,8 @@ def setup():
 
 def coupled(target, draft, prompts, seed=SAMPLING.seed, max_new=MAX_NEW, **modes) -> list[list[int]]:
     selector = Selector(SamplingParams(temperature=1.0, top_p=0.95, seed=seed), len(prompts), coupled=True)
-    results = generate(target, draft, prompts, max_new_tokens=max_new, block_size=K, stop_token_ids=[],
-                       selector=selector, **modes)
+    results = generate(target, proposer(target, draft, block_size=K, **modes), prompts, max_new_tokens=max_new,
+                       stop_token_ids=[], selector=selector)
     return [r.tokens for r in results]
 
 
@@ -59,8 +59,8 @@ def test_a_scripted_draft_is_accepted_under_coupled_sampling(setup):
     """The equality test must exercise long acceptances, not only plain steps."""
     target, prompts, references = setup
     selector = Selector(SAMPLING, len(prompts), coupled=True)
-    results = generate(target, ScriptedDrafter(references, K), prompts, max_new_tokens=MAX_NEW, block_size=K,
-                       stop_token_ids=[], selector=selector)
+    results = generate(target, proposer(target, ScriptedDrafter(references, K), block_size=K), prompts,
+                       max_new_tokens=MAX_NEW, stop_token_ids=[], selector=selector)
     histogram = [sum(h) for h in zip(*(r.stats.histogram[:K] for r in results))]  # a chain has no overflow
     assert all(count > 0 for count in histogram), f"every acceptance length 1..K should occur: {histogram}"
 
@@ -128,8 +128,8 @@ def test_a_finished_rows_noise_is_freed(setup):
     keeps admitting requests would otherwise keep a few MB per finished row for its whole life."""
     target, prompts, _ = setup
     selector = Selector(SAMPLING, 2, coupled=True)
-    generate(target, tiny_draft(target, block_size=K), prompts[:2], max_new_tokens=[3, 30], block_size=K,
-             stop_token_ids=[], selector=selector, tree=True)
+    generate(target, proposer(target, tiny_draft(target, block_size=K), "tree", block_size=K), prompts[:2],
+             max_new_tokens=[3, 30], stop_token_ids=[], selector=selector)
     assert not selector._noise[0], "the row that finished first still holds its noise"
     assert selector._noise[1], "the last live row's noise is kept (it is freed with the selector)"
 

@@ -7,9 +7,10 @@ import torch
 
 from blockdraft.decode.decoder import Decoder
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.errors import InputError
 
-from conftest import ScriptedDrafter, random_prompts, tiny_draft, tiny_target
+from conftest import ScriptedDrafter, proposer, random_prompts, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 
@@ -19,8 +20,9 @@ PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 def test_speculative_greedy_equals_target_greedy(family, block_size):
     target = tiny_target(family)
     draft = tiny_draft(target, block_size=16)
-    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
-    spec = generate(target, draft, PROMPTS, max_new_tokens=40, block_size=block_size, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    spec = generate(target, proposer(target, draft, block_size=block_size), PROMPTS, max_new_tokens=40,
+                    stop_token_ids=[])
     for b, s in zip(base, spec):
         assert s.tokens == b.tokens, "speculative decoding changed the target's greedy output"
         assert len(s.tokens) == 40 and s.finish_reason == "length"
@@ -29,7 +31,7 @@ def test_speculative_greedy_equals_target_greedy(family, block_size):
 def test_baseline_equals_hf_generate():
     """Our target-only loop is the oracle; it must itself agree with transformers' greedy generate."""
     target = tiny_target("llama")
-    ours = generate(target, None, [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[])[0].tokens
+    ours = generate(target, TargetAlone(), [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[])[0].tokens
     hf = target.model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=30, do_sample=False,
                                eos_token_id=None, pad_token_id=0)
     assert hf[0, len(PROMPTS[0]):].tolist() == ours
@@ -39,10 +41,10 @@ def test_baseline_equals_hf_generate():
 def test_partial_acceptance_every_length_is_exact(block_size):
     target = tiny_target("qwen3")
     max_new = block_size * (block_size + 1) // 2 + 8  # one full cycle of j = 0..K-1 and then some
-    base = generate(target, None, PROMPTS, max_new_tokens=max_new + block_size, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=max_new + block_size, stop_token_ids=[])
     reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
     drafter = ScriptedDrafter(reference, block_size)
-    spec = generate(target, drafter, PROMPTS, max_new_tokens=max_new, stop_token_ids=[])
+    spec = generate(target, proposer(target, drafter), PROMPTS, max_new_tokens=max_new, stop_token_ids=[])
     for ref, p, s in zip(reference, PROMPTS, spec):
         assert s.tokens == ref[len(p): len(p) + max_new], "a partially accepted block changed the output"
     hist = spec[0].stats.merge(spec[1].stats).merge(spec[2].stats).histogram
@@ -52,34 +54,35 @@ def test_partial_acceptance_every_length_is_exact(block_size):
 
 def test_stop_token_ends_row_and_is_included():
     target = tiny_target("llama")
-    base = generate(target, None, [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[])[0].tokens
+    base = generate(target, TargetAlone(), [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[])[0].tokens
     stop = base[7]
     first = base.index(stop)
     draft = tiny_draft(target)
     for d in (None, draft):
-        out = generate(target, d, [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[stop])[0]
+        out = generate(target, proposer(target, d), [PROMPTS[0]], max_new_tokens=30, stop_token_ids=[stop])[0]
         assert out.tokens == base[: first + 1] and out.finish_reason == "stop"
 
 
 def test_rows_finishing_at_different_steps_match_rows_alone():
     target = tiny_target("llama")
     draft = tiny_draft(target)
-    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=40, stop_token_ids=[])
     # A stop token that ends the rows after different numbers of tokens (or not at all).
     lengths = lambda stop: {r.tokens.index(stop) if stop in r.tokens else 40 for r in base}
     stop = next(t for t in base[0].tokens if len(lengths(t)) > 1)
-    batch = generate(target, draft, PROMPTS, max_new_tokens=40, block_size=8, stop_token_ids=[stop])
+    batch = generate(target, proposer(target, draft, block_size=8), PROMPTS, max_new_tokens=40, stop_token_ids=[stop])
     for prompt, row in zip(PROMPTS, batch):
-        alone = generate(target, draft, [prompt], max_new_tokens=40, block_size=8, stop_token_ids=[stop])[0]
+        alone = generate(target, proposer(target, draft, block_size=8), [prompt], max_new_tokens=40,
+                         stop_token_ids=[stop])[0]
         assert row.tokens == alone.tokens and row.finish_reason == alone.finish_reason
     assert len({len(r.tokens) for r in batch}) > 1, "rows should finish at different steps"
 
 
 def test_acceptance_stats_convention():
     target = tiny_target("llama")
-    base = generate(target, None, [PROMPTS[0]], max_new_tokens=80, stop_token_ids=[])[0]
+    base = generate(target, TargetAlone(), [PROMPTS[0]], max_new_tokens=80, stop_token_ids=[])[0]
     drafter = ScriptedDrafter([PROMPTS[0] + base.tokens], 8)
-    out = generate(target, drafter, [PROMPTS[0]], max_new_tokens=64, stop_token_ids=[])[0]
+    out = generate(target, proposer(target, drafter), [PROMPTS[0]], max_new_tokens=64, stop_token_ids=[])[0]
     stats = out.stats
     assert stats.steps == sum(stats.histogram)
     # The prefill token is not a speculative step; every later token is counted once in tau.
@@ -112,16 +115,18 @@ def test_bad_input_is_refused_before_compute(kwargs, word):
     args = dict(prompts=[[1, 2, 3]], max_new_tokens=20, block_size=16)
     args.update(kwargs)
     with pytest.raises(InputError, match=word):
-        generate(target, draft, args.pop("prompts"), **args)
+        guesses = proposer(target, draft, block_size=args.pop("block_size"))
+        generate(target, guesses, args.pop("prompts"), **args)
 
 
 def test_per_row_budgets_equal_rows_alone():
     target = tiny_target("llama")
     draft = tiny_draft(target)
     budgets = [5, 23, 12]
-    batch = generate(target, draft, PROMPTS, max_new_tokens=budgets, block_size=8, stop_token_ids=[])
+    batch = generate(target, proposer(target, draft, block_size=8), PROMPTS, max_new_tokens=budgets, stop_token_ids=[])
     for prompt, budget, row in zip(PROMPTS, budgets, batch):
-        alone = generate(target, draft, [prompt], max_new_tokens=budget, block_size=8, stop_token_ids=[])[0]
+        alone = generate(target, proposer(target, draft, block_size=8), [prompt], max_new_tokens=budget,
+                         stop_token_ids=[])[0]
         assert row.tokens == alone.tokens and len(row.tokens) == budget and row.finish_reason == "length"
 
 
@@ -130,7 +135,7 @@ def test_dropped_row_stops_at_once_and_leaves_the_others_alone():
 
     target = tiny_target("llama")
     draft = tiny_draft(target)
-    base = generate(target, draft, PROMPTS, max_new_tokens=30, block_size=4, stop_token_ids=[])
+    base = generate(target, proposer(target, draft, block_size=4), PROMPTS, max_new_tokens=30, stop_token_ids=[])
     got, dropped = [[] for _ in PROMPTS], []
 
     def drop():
@@ -138,7 +143,8 @@ def test_dropped_row_stops_at_once_and_leaves_the_others_alone():
             dropped.append(len(got[1]))
         return [1] if dropped else []
 
-    for event in stream(target, draft, PROMPTS, max_new_tokens=30, block_size=4, stop_token_ids=[], drop=drop):
+    for event in stream(target, proposer(target, draft, block_size=4), PROMPTS, max_new_tokens=30, stop_token_ids=[],
+                        drop=drop):
         assert not (dropped and event.row == 1), "a dropped row must get no further event"
         got[event.row].extend(event.tokens)
     assert got[1] == base[1].tokens[: dropped[0]]
@@ -149,7 +155,7 @@ def test_dropped_row_stops_at_once_and_leaves_the_others_alone():
 def test_bad_budgets_are_refused(budget):
     target = tiny_target("llama")
     with pytest.raises(InputError, match="max_new_tokens"):
-        generate(target, None, PROMPTS, max_new_tokens=budget)
+        generate(target, TargetAlone(), PROMPTS, max_new_tokens=budget)
 
 
 def test_bf16_chain_speculation_returns_the_target_alones_tokens():

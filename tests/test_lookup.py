@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from blockdraft.decode.generate import generate
+
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
 from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
@@ -14,7 +16,7 @@ from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
 
 from conftest import (ALPHA, COSTS, NUM_ROWS, NUM_TOKENS, AlternatingLookup, CyclingWidth, ScriptedDrafter,
-                      exact_joint, final_draw_from_p, goodness_of_fit, tiny_draft, tiny_target)
+                      exact_joint, final_draw_from_p, goodness_of_fit, own_proposer, proposer, tiny_draft, tiny_target)
 
 # Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
@@ -89,13 +91,15 @@ def test_the_lookup_is_preferred_only_while_it_pays():
 @pytest.mark.parametrize("adaptive", [False, True], ids=["full-block", "adaptive"])
 def test_greedy_output_with_lookups_is_the_targets(family, adaptive):
     target = tiny_target(family)
-    base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=60, stop_token_ids=[])
     reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
     for drafter in (tiny_draft(target, block_size=8), ScriptedDrafter(reference, 8)):
         # A draft that is right this often wins every choice against the lookup: the scripted one takes turns.
-        lookup = True if not isinstance(drafter, ScriptedDrafter) else AlternatingLookup(8)
-        spec = generate(target, drafter, PROMPTS, max_new_tokens=48, stop_token_ids=[], adaptive=adaptive,
-                        lookup=lookup)
+        if isinstance(drafter, ScriptedDrafter):
+            guesses = own_proposer(target, drafter, make_policy(8, adaptive, COSTS), AlternatingLookup(8))
+        else:
+            guesses = proposer(target, drafter, adaptive=adaptive, lookup=True)
+        spec = generate(target, guesses, PROMPTS, max_new_tokens=48, stop_token_ids=[])
         for b, s in zip(base, spec):
             assert s.tokens == b.tokens[:48], "a lookup block changed the target's greedy output"
         assert spec[0].stats.lookup_steps > 0, "the test must exercise lookup steps"
@@ -107,12 +111,12 @@ def test_greedy_output_with_lookups_is_the_targets(family, adaptive):
 def test_greedy_output_with_lookup_runs_grafted_onto_trees_is_the_targets(family, adaptive):
     """Each row's lookup continuation grafted onto the draft's tree (step.py): one verify for both, exact."""
     target = tiny_target(family)
-    base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=60, stop_token_ids=[])
     for draft in (tiny_draft(target, block_size=8), None):
         lookup = PromptLookup(8, COSTS)
         drafter = draft or ScriptedDrafter([[0] * 80] * len(PROMPTS), 8)  # a draft that is always wrong
-        spec = generate(target, drafter, PROMPTS, max_new_tokens=48, stop_token_ids=[], adaptive=adaptive,
-                        lookup=lookup, tree=True, costs=COSTS)
+        guesses = own_proposer(target, drafter, make_policy(8, adaptive, COSTS, tree=True), lookup, tree=True)
+        spec = generate(target, guesses, PROMPTS, max_new_tokens=48, stop_token_ids=[])
         for b, s in zip(base, spec):
             assert s.tokens == b.tokens[:48], "a grafted lookup run changed the target's greedy output"
         assert lookup.steps > 0 and float(lookup.policy.accepted.sum()) > 0, "grafted tokens must be accepted"
@@ -177,7 +181,7 @@ def test_runs_are_looked_up_only_when_a_graft_may_pay():
         draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
     state = DecodeState([[1, 2, 3, 1, 2]], 32, 8, {0}, torch.device("cpu"))
     lookup = Counting(4, costs)
-    proposer = TreeProposer(SimpleNamespace(tap_layer_ids=()), draft, lookup)
+    proposer = TreeProposer(SimpleNamespace(tap_layer_ids=(), block_size=4), draft, lookup)
     for _ in range(60):  # runs that always miss
         lookup.observe_graft(7, [0])
     lookup.since_graft = 0
@@ -190,10 +194,10 @@ def test_runs_are_looked_up_only_when_a_graft_may_pay():
 def test_lookup_steps_at_every_width_keep_greedy_exact():
     """Lookup and draft steps interleaved at widths cycling 1..K: the draft's deferred context stays right."""
     target = tiny_target("llama")
-    base = generate(target, None, PROMPTS, max_new_tokens=50, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=50, stop_token_ids=[])
     lookup = AlternatingLookup(8)
-    spec = generate(target, tiny_draft(target, block_size=8), PROMPTS, max_new_tokens=40, stop_token_ids=[],
-                    adaptive=CyclingWidth(8), lookup=lookup)
+    guesses = own_proposer(target, tiny_draft(target, block_size=8), CyclingWidth(8), lookup)
+    spec = generate(target, guesses, PROMPTS, max_new_tokens=40, stop_token_ids=[])
     for b, s in zip(base, spec):
         assert s.tokens == b.tokens[:40]
     assert lookup.steps > 0 and spec[0].stats.lookup_steps > 0
@@ -211,8 +215,10 @@ def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> n
     V = target.config.vocab_size
     # The first step after the prefill is a lookup step; with trees, every step grafts its rows' whole runs.
     lookup = PromptLookup(4, COSTS, min_ngram=1) if tree else AlternatingLookup(4, policy=FixedWidth(4))
-    results = generate(target, draft, [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=4,
-                       stop_token_ids=[], selector=Selector(params, num_rows=num_rows), lookup=lookup, tree=tree)
+    policy = make_policy(4, False, tree=tree)  # the full block: K slots, or a tree of K nodes
+    results = generate(target, own_proposer(target, draft, policy, lookup, tree=tree, block_size=4),
+                       [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
+                       selector=Selector(params, num_rows=num_rows))
     assert lookup.steps > 0, "the test must exercise lookup steps"
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
@@ -263,9 +269,9 @@ def test_a_lookup_block_wider_than_k_is_exact_and_counted():
     """Lookup blocks reach 2K: tau past K lands in the overflow bin, and the bins stay K + 1."""
     target = tiny_target("llama")
     prompts = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
-    base = generate(target, None, prompts, max_new_tokens=80, stop_token_ids=[])
-    spec = generate(target, tiny_draft(target, block_size=4), prompts, max_new_tokens=80, stop_token_ids=[],
-                    lookup=True, adaptive=True)
+    base = generate(target, TargetAlone(), prompts, max_new_tokens=80, stop_token_ids=[])
+    spec = generate(target, proposer(target, tiny_draft(target, block_size=4), adaptive=True, lookup=True), prompts,
+                    max_new_tokens=80, stop_token_ids=[])
     assert [s.tokens for s in spec] == [b.tokens for b in base]
     pooled = spec[0].stats.merge(spec[1].stats).merge(spec[2].stats)
     assert pooled.block_size == 4 and len(pooled.histogram) == 5 and pooled.histogram[4] > 0, pooled.histogram

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from blockdraft.decode.generate import generate
+
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.metrics import AcceptanceStats, tau_bins
-from conftest import ScriptedDrafter, tiny_draft, tiny_target
+from conftest import ScriptedDrafter, proposer, tiny_draft, tiny_target
 
 
 def test_tau_bins_are_one_to_k_then_an_overflow_bin():
@@ -46,7 +48,8 @@ def test_every_row_and_mode_of_one_k_has_the_same_bins():
     draft = tiny_draft(target, block_size=4)
     prompts = [[1, 5, 9, 13, 17, 1, 5, 9], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
     for mode in (dict(), dict(tree=True), dict(tree=True, adaptive=True, lookup=True), dict(lookup=True)):
-        results = generate(target, draft, prompts, max_new_tokens=40, block_size=4, stop_token_ids=[], **mode)
+        results = generate(target, proposer(target, draft, block_size=4, **mode), prompts, max_new_tokens=40,
+                           stop_token_ids=[])
         shapes = {(r.stats.block_size, len(r.stats.histogram), len(r.stats.slot_reached)) for r in results}
         assert shapes == {(4, 5, 3)}, f"{mode}: rows of one K must share one shape, got {shapes}"
 
@@ -73,12 +76,12 @@ def test_mean_tau_is_returned_tokens_over_steps(cut):
     runtime and transformers count them: tau = returned new tokens, less the prefill's, over steps."""
     target = tiny_target("llama")
     prompt = [3, 4]
-    base = generate(target, None, [prompt], max_new_tokens=12, stop_token_ids=[])[0].tokens
+    base = generate(target, TargetAlone(), [prompt], max_new_tokens=12, stop_token_ids=[])[0].tokens
     stop = []
     if cut == "stop":  # the first token not seen before it, past the first full step
         stop = [next(t for i, t in enumerate(base) if i >= 6 and t not in base[:i])]  # cuts the second step
-    out = generate(target, PerfectDrafter([prompt + base], 4), [prompt], max_new_tokens=6 if cut == "budget" else 12,
-                   block_size=4, stop_token_ids=stop)[0]
+    out = generate(target, proposer(target, PerfectDrafter([prompt + base], 4), block_size=4), [prompt],
+                   max_new_tokens=6 if cut == "budget" else 12, stop_token_ids=stop)[0]
     stats = out.stats
     assert stats.tokens == len(out.tokens) - 1 == stats.new_tokens - 1, (
         f"tau must count the {len(out.tokens) - 1} returned tokens after the prefill's, got {stats.tokens}")

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from blockdraft.decode.generate import generate
+from blockdraft.decode.policy import make_policy
+
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.lookup import PromptLookup
 from blockdraft.io.ngrams import NGRAMS_FILE, NgramTable, context_hash, read_table, write_table
 from blockdraft.train.ngrams import build_table
@@ -17,7 +20,7 @@ from blockdraft.decode.selection import Selector
 from blockdraft.errors import CheckpointError
 from blockdraft.sampling import SamplingParams
 
-from conftest import ALPHA, COSTS, NUM_TOKENS, exact_joint, goodness_of_fit, tiny_draft, tiny_target
+from conftest import ALPHA, COSTS, NUM_TOKENS, exact_joint, goodness_of_fit, own_proposer, tiny_draft, tiny_target
 
 
 def reference_table(sequences, orders, min_count, min_share) -> dict[int, int]:
@@ -98,7 +101,7 @@ def test_greedy_output_with_table_runs_grafted_onto_trees_is_the_targets(source)
     """Runs from a table of the target's answers (they hit) or of the same contexts with every guess wrong (they
     miss): the output is the target's own either way."""
     target = tiny_target("llama")
-    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=40, stop_token_ids=[])
     answers = [(np.array(p + r.tokens), len(p)) for p, r in zip(PROMPTS, base)]
     table = build_table(answers, orders=(2, 3), min_count=1, min_share=0.0)
     if source == "wrong guesses":
@@ -106,8 +109,9 @@ def test_greedy_output_with_table_runs_grafted_onto_trees_is_the_targets(source)
         table = NgramTable(table.keys, (table.tokens + 1) % V, table.orders)
     # No context copy can be as long as 64 tokens here: every run is the table's.
     lookup = PromptLookup(8, COSTS, min_ngram=64, max_ngram=64, table=table)
-    spec = generate(target, tiny_draft(target, block_size=8), PROMPTS, max_new_tokens=40, stop_token_ids=[],
-                    adaptive=True, lookup=lookup, tree=True, costs=COSTS)
+    guesses = own_proposer(target, tiny_draft(target, block_size=8), make_policy(8, True, COSTS, tree=True), lookup,
+                           tree=True)
+    spec = generate(target, guesses, PROMPTS, max_new_tokens=40, stop_token_ids=[])
     for b, s in zip(base, spec):
         assert s.tokens == b.tokens, "a grafted table run changed the target's greedy output"
     assert lookup.steps > 0 and float(lookup.table_policy.reached.sum()) > 0, "table runs must be grafted"
@@ -120,8 +124,9 @@ def table_counts(target, draft, params, num_rows: int) -> tuple[np.ndarray, Prom
     cycle = np.arange(60) % V  # every token is followed by the next one: the table always has a guess
     table = build_table([(cycle, 0)], orders=(1,), min_count=1, min_share=0.0)
     lookup = PromptLookup(4, COSTS, min_ngram=6, table=table)  # no context copy of 6 tokens in 10: table runs
-    results = generate(target, draft, [[3, 0, 4, 2]] * num_rows, max_new_tokens=NUM_TOKENS, block_size=4,
-                       stop_token_ids=[], selector=Selector(params, num_rows=num_rows), lookup=lookup, tree=True)
+    guesses = own_proposer(target, draft, make_policy(4, False, tree=True), lookup, tree=True, block_size=4)
+    results = generate(target, guesses, [[3, 0, 4, 2]] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
+                       selector=Selector(params, num_rows=num_rows))
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     return np.bincount((tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1), minlength=V**NUM_TOKENS), lookup
 

@@ -6,11 +6,14 @@ import pytest
 import torch
 
 from blockdraft.decode.generate import generate
+
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.costs import CostModel
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, candidate_widths, expected_tokens, make_policy
 from blockdraft.metrics import AcceptanceStats
 
-from conftest import COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, tiny_draft, tiny_target
+from conftest import (COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, own_proposer, proposer, tiny_draft,
+                      tiny_target)
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 
@@ -94,11 +97,11 @@ def test_adaptive_notices_when_drafting_starts_to_pay():
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_cycled_widths_keep_greedy_output_exact(family):
     target = tiny_target(family)
-    base = generate(target, None, PROMPTS, max_new_tokens=60, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=60, stop_token_ids=[])
     reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
     for drafter in (tiny_draft(target, block_size=8), ScriptedDrafter(reference, 8)):
-        spec = generate(target, drafter, PROMPTS, max_new_tokens=44,
-                        stop_token_ids=[], adaptive=CyclingWidth(8))
+        spec = generate(target, own_proposer(target, drafter, CyclingWidth(8)), PROMPTS, max_new_tokens=44,
+                        stop_token_ids=[])
         for b, s in zip(base, spec):
             assert s.tokens == b.tokens[:44], "a step of another width changed the target's greedy output"
         assert spec[0].stats.plain_steps > 0
@@ -106,10 +109,10 @@ def test_cycled_widths_keep_greedy_output_exact(family):
 
 def test_adaptive_greedy_is_exact_and_reports_its_steps():
     target = tiny_target("llama")
-    base = generate(target, None, PROMPTS, max_new_tokens=48, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=48, stop_token_ids=[])
     reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
     for drafter in (tiny_draft(target, block_size=8), ScriptedDrafter(reference, 8)):
-        spec = generate(target, drafter, PROMPTS, max_new_tokens=40, stop_token_ids=[], adaptive=True)
+        spec = generate(target, proposer(target, drafter, adaptive=True), PROMPTS, max_new_tokens=40, stop_token_ids=[])
         for b, s in zip(base, spec):
             assert s.tokens == b.tokens[:40]
             assert s.stats.steps == sum(s.stats.histogram) and s.stats.plain_steps <= s.stats.steps
@@ -181,11 +184,11 @@ def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
             checked.append(s)
             return logits
 
-    base = generate(target, None, PROMPTS[:1], max_new_tokens=40, stop_token_ids=[])[0]
+    base = generate(target, TargetAlone(), PROMPTS[:1], max_new_tokens=40, stop_token_ids=[])[0]
     committed = [PROMPTS[0] + base.tokens]
-    lookup = AlternatingLookup(8) if with_lookup else False
-    out = generate(target, Checked(draft, target), PROMPTS[:1], max_new_tokens=30, stop_token_ids=[],
-                   adaptive=CyclingWidth(8), lookup=lookup)[0]
+    lookup = AlternatingLookup(8) if with_lookup else None
+    out = generate(target, own_proposer(target, Checked(draft, target), CyclingWidth(8), lookup), PROMPTS[:1],
+                   max_new_tokens=30, stop_token_ids=[])[0]
     assert out.tokens == base.tokens[:30] and len(checked) >= 3 and out.stats.plain_steps >= 2
     assert out.stats.lookup_steps >= 2 if with_lookup else out.stats.lookup_steps == 0
 
@@ -236,14 +239,14 @@ def test_widths_never_depend_on_the_clock(monkeypatch, tree):
 
     target = tiny_target("llama")
     draft = tiny_draft(target, block_size=8)
-    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=40, stop_token_ids=[])
     reference = [p + r.tokens for p, r in zip(PROMPTS, base)]
 
     def run():
         runs = []
         for drafter in (draft, ScriptedDrafter(reference, 8)):
-            out = generate(target, drafter, PROMPTS, max_new_tokens=40, stop_token_ids=[], adaptive=True,
-                           lookup=True, tree=tree)
+            out = generate(target, proposer(target, drafter, tree=tree, adaptive=True, lookup=True), PROMPTS,
+                           max_new_tokens=40, stop_token_ids=[])
             runs += [(r.tokens, r.stats.histogram, r.stats.plain_steps, r.stats.lookup_steps) for r in out]
         return runs
 

@@ -11,10 +11,11 @@ import blockdraft.api as api
 from blockdraft.config import DraftConfig
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.cache import ContextWindow
 from blockdraft.errors import ConfigError, InputError
 
-from conftest import tiny_draft, tiny_target
+from conftest import proposer, tiny_draft, tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def pair():
 
 
 def alone(target, prompt, n=12):
-    return generate(target, None, [prompt], max_new_tokens=n, stop_token_ids=[])[0].tokens
+    return generate(target, TargetAlone(), [prompt], max_new_tokens=n, stop_token_ids=[])[0].tokens
 
 
 @pytest.mark.parametrize("form", [lambda s: torch.tensor([s]), lambda s: s, lambda s: np.array([s])],
@@ -34,7 +35,7 @@ def test_stop_ids_may_be_one_id_a_tensor_or_an_array(pair, form):
     reference = alone(target, [5, 6, 7])
     stop = reference[4]
     first = reference.index(stop)
-    result = generate(target, draft, [[5, 6, 7]], max_new_tokens=12, stop_token_ids=form(stop))[0]
+    result = generate(target, proposer(target, draft), [[5, 6, 7]], max_new_tokens=12, stop_token_ids=form(stop))[0]
     assert result.tokens == reference[: first + 1] and result.finish_reason == "stop"
 
 
@@ -43,7 +44,7 @@ def test_stop_ids_may_be_one_id_a_tensor_or_an_array(pair, form):
 def test_stop_ids_that_are_no_ids_are_refused(pair, stop, word):
     target, draft = pair
     with pytest.raises(InputError, match=word):
-        generate(target, draft, [[5, 6, 7]], max_new_tokens=4, stop_token_ids=stop)
+        generate(target, proposer(target, draft), [[5, 6, 7]], max_new_tokens=4, stop_token_ids=stop)
 
 
 @pytest.mark.parametrize("options, word", [
@@ -51,15 +52,16 @@ def test_stop_ids_that_are_no_ids_are_refused(pair, stop, word):
     ({"lookup": "off"}, "lookup"), ({"tree": "off"}, "tree"), ({"tree": 1}, "tree"),
 ])
 def test_options_of_other_types_are_refused_not_reinterpreted(pair, options, word):
+    """The one place decode switches enter, for every door (api, CLI, server, bench): DecodeOptions."""
     target, draft = pair
     with pytest.raises(InputError, match=f"`{word}` must be"):
-        generate(target, draft, [[5, 6, 7]], max_new_tokens=4, **options)
+        api.generate(target, draft, [[5, 6, 7]], max_new_tokens=4, **options)
 
 
 def test_numpy_integers_count_as_integers(pair):
     target, draft = pair
-    got = generate(target, draft, [np.array([5, 6, 7]).tolist()], max_new_tokens=np.int64(6), block_size=np.int64(3),
-                   stop_token_ids=[])[0]
+    got = generate(target, proposer(target, draft, block_size=np.int64(3)), [np.array([5, 6, 7]).tolist()],
+                   max_new_tokens=np.int64(6), stop_token_ids=[])[0]
     assert got.tokens == alone(target, [5, 6, 7], 6)
 
 
@@ -67,10 +69,10 @@ def test_a_draft_for_another_target_or_placed_elsewhere_is_refused(pair):
     target, _ = pair
     other = tiny_draft(tiny_target("llama", layers=8), layers=1, block_size=4)
     with pytest.raises(ConfigError, match="num_target_layers"):
-        generate(target, other, [[5, 6, 7]], max_new_tokens=4)
+        generate(target, proposer(target, other), [[5, 6, 7]], max_new_tokens=4)
     halved = tiny_draft(target, layers=1, block_size=4).to(torch.bfloat16)
     with pytest.raises(InputError, match="bfloat16 on cpu but the target runs float32 on cpu; load the draft with"):
-        generate(target, halved, [[5, 6, 7]], max_new_tokens=4)
+        generate(target, proposer(target, halved), [[5, 6, 7]], max_new_tokens=4)
 
 
 def test_the_api_takes_tensors_and_arrays_of_ids_and_refuses_what_is_no_prompt(pair):

@@ -15,6 +15,7 @@ import torch
 from blockdraft.io.drafts import LoadedDraft
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
+from blockdraft.decode.policy import make_policy
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import (
     SamplingParams,
@@ -23,7 +24,8 @@ from blockdraft.sampling import (
     sample_from_uniforms,
 )
 
-from conftest import ALPHA, NUM_ROWS, NUM_TOKENS, CyclingWidth, exact_joint, final_draw_from_p, goodness_of_fit
+from conftest import (ALPHA, NUM_ROWS, NUM_TOKENS, CyclingWidth, exact_joint, final_draw_from_p, goodness_of_fit,
+                      own_proposer, proposer)
 
 SMALL_PROMPT = [3, 0, 4, 2]
 
@@ -46,9 +48,10 @@ def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, dr
     """Counts [V**n] of the first NUM_TOKENS tokens over num_rows rows of one prompt, one seed per row."""
     V = target.config.vocab_size
     selector = Selector(params, num_rows=num_rows, draft_argmax=draft_argmax, coupled=coupled)
-    policy = CyclingWidth(block_size) if cycle_widths else False
-    results = generate(target, draft, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, block_size=block_size,
-                       stop_token_ids=[], selector=selector, adaptive=policy, tree=tree)
+    policy = CyclingWidth(block_size) if cycle_widths else make_policy(block_size, False, tree=tree)
+    guesses = own_proposer(target, draft, policy, tree=tree, block_size=block_size)
+    results = generate(target, guesses, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
+                       selector=selector)
     tokens = np.array([r.tokens for r in results])  # [rows, n]
     cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
     return np.bincount(cells, minlength=V**NUM_TOKENS)
@@ -109,8 +112,8 @@ def test_speculative_sampling_accepts_and_rejects(small_models):
     """The exactness test above only means something if both paths run: some proposals accepted, some not."""
     target, draft = small_models
     selector = Selector(SamplingParams(temperature=1.0, seed=70_000), num_rows=500)
-    results = generate(target, draft, [SMALL_PROMPT] * 500, max_new_tokens=8, block_size=4, stop_token_ids=[],
-                       selector=selector)
+    results = generate(target, proposer(target, draft, block_size=4), [SMALL_PROMPT] * 500, max_new_tokens=8,
+                       stop_token_ids=[], selector=selector)
     histogram = np.sum([r.stats.histogram for r in results], axis=0)
     assert histogram[0] > 0.1 * histogram.sum() and histogram[3] > 0.1 * histogram.sum(), (  # tau 1 and tau K
         f"tau histogram {histogram.tolist()}: the draft should be neither always rejected nor always accepted"

@@ -18,16 +18,18 @@ import httpx
 import pytest
 
 from blockdraft.decode.generate import generate
+
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.sampling import SamplingParams
 from blockdraft.server import create_app
 from blockdraft.server.stops import StopStrings
 from blockdraft.io.prompts import encode_prompt
 
-from conftest import CHAT, LIMIT, MODEL, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
+from conftest import CHAT, LIMIT, MODEL, TEXT, chat_body, proposer, sse_payloads, streamed_text, text_body, wait_for
 
 
 def library_reply(target, draft, prompt_ids, max_tokens):
-    result = generate(target, draft, [prompt_ids], max_new_tokens=max_tokens)[0]
+    result = generate(target, proposer(target, draft), [prompt_ids], max_new_tokens=max_tokens)[0]
     return target.tokenizer.decode(result.tokens, skip_special_tokens=True), result
 
 
@@ -133,7 +135,7 @@ def test_a_seeded_sample_is_the_target_alone_sample_of_its_seed(client, model):
     body = text_body("A seeded sample", temperature=0.9, top_p=0.95, seed=4321, max_tokens=12)
     served = client.post(TEXT, json=body).json()["choices"][0]["text"]
     ids = target.tokenizer("A seeded sample")["input_ids"]
-    alone = generate(target, None, [ids], max_new_tokens=12, selector=Selector(sampling, 1, coupled=True))[0]
+    alone = generate(target, TargetAlone(), [ids], max_new_tokens=12, selector=Selector(sampling, 1, coupled=True))[0]
     assert served == target.tokenizer.decode(alone.tokens, skip_special_tokens=True), (
         "a seeded request's text is not the target-alone sample of its seed")
 

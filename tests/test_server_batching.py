@@ -30,11 +30,11 @@ def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]
     """
     gate, sizes, real = threading.Event(), [], decoder_module.stream
 
-    def gated(target, drafter, prompts, **kwargs):
+    def gated(target, proposer, prompts, **kwargs):
         sizes.append(len(prompts))
         if len(sizes) == 1:
             gate.wait(timeout=60)  # hold the worker in its first batch while the others queue up
-        yield from real(target, drafter, prompts, **kwargs)
+        yield from real(target, proposer, prompts, **kwargs)
 
     monkeypatch.setattr(decoder_module, "stream", gated)
     worker = client.app.state.worker

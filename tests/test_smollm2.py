@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import needs_smollm2
+from conftest import needs_smollm2, proposer
 
 pytestmark = needs_smollm2
 
@@ -28,11 +28,12 @@ def smollm2():
 def test_speculative_greedy_equals_target_greedy_on_smollm2(smollm2):
     from blockdraft.api import encode
     from blockdraft.decode.generate import generate
+    from blockdraft.decode.proposers import TargetAlone
 
     target, draft = smollm2
     prompts = [encode(target, p) for p in PROMPTS]
-    base = generate(target, None, prompts, max_new_tokens=128, stop_token_ids=[])
-    spec = generate(target, draft, prompts, max_new_tokens=128, stop_token_ids=[])
+    base = generate(target, TargetAlone(), prompts, max_new_tokens=128, stop_token_ids=[])
+    spec = generate(target, proposer(target, draft), prompts, max_new_tokens=128, stop_token_ids=[])
     for text, b, s in zip(PROMPTS, base, spec):
         assert len(b.tokens) == 128
         assert s.tokens == b.tokens, f"speculative output differs from the target's own for {text!r}"

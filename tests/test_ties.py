@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from blockdraft.decode.generate import generate
+
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.selection import Selector
 from blockdraft.decode.ties import Split, first_split, is_rounding
 from blockdraft.sampling import SamplingParams
@@ -20,7 +22,7 @@ def target():
 
 
 def decode(target, prompts, selector=None, max_new=12) -> list[list[int]]:
-    results = generate(target, None, prompts, max_new_tokens=max_new, stop_token_ids=[], selector=selector)
+    results = generate(target, TargetAlone(), prompts, max_new_tokens=max_new, stop_token_ids=[], selector=selector)
     return [r.tokens for r in results]
 
 

@@ -4,7 +4,7 @@ from blockdraft.decode.generate import generate
 from blockdraft.train.data import read_examples
 from blockdraft.train.evaluate import evaluate_online, heldout_prompts
 
-from conftest import tiny_draft, tiny_target, write_data
+from conftest import proposer, tiny_draft, tiny_target, write_data
 
 
 def test_evaluate_online_pools_tau(tmp_path):
@@ -18,6 +18,6 @@ def test_evaluate_online_pools_tau(tmp_path):
                             on_batch=done.append)
     assert done == [2, 2, 1], "progress reports each batch's prompt count"
     assert stats.block_size == 4 and len(stats.histogram) == 5, "tau 1..4 and the overflow bin >4"
-    alone = generate(target, draft, prompts, max_new_tokens=12, block_size=4)
+    alone = generate(target, proposer(target, draft, block_size=4), prompts, max_new_tokens=12)
     assert stats.steps == sum(r.stats.steps for r in alone) and stats.tokens == sum(r.stats.tokens for r in alone)
     assert 1.0 <= stats.mean_tau <= 4.0 and len(stats.per_position_acceptance()) == 3

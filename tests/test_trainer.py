@@ -18,12 +18,13 @@ import torch
 
 from blockdraft.api import load_draft
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.errors import ConfigError, InputError
 from blockdraft.model.target import Target
 from blockdraft.train.ranks import rank_device
 from blockdraft.train.trainer import train
 
-from conftest import MASK, VOCAB, assert_same_update, config, tensors, tiny_target, write_data
+from conftest import MASK, VOCAB, assert_same_update, config, proposer, tensors, tiny_target, write_data
 
 TESTS = Path(__file__).parent
 
@@ -212,8 +213,8 @@ def test_saved_draft_loads_and_decodes_like_the_target(tmp_path):
     assert "target_arch_sha256" in config_json["blockdraft"], "the draft records which target it was trained for"
     draft = load_draft(out, target)
     prompts = [[1, 5, 9, 14], [1, 30, 31]]
-    alone = generate(target, None, prompts, max_new_tokens=20, stop_token_ids=set())
-    spec = generate(target, draft, prompts, max_new_tokens=20, stop_token_ids=set())
+    alone = generate(target, TargetAlone(), prompts, max_new_tokens=20, stop_token_ids=set())
+    spec = generate(target, proposer(target, draft), prompts, max_new_tokens=20, stop_token_ids=set())
     assert [r.tokens for r in spec] == [r.tokens for r in alone], "greedy decode with the draft must equal the target's"
 
 

@@ -9,12 +9,13 @@ import torch
 from blockdraft.io.drafts import LoadedDraft
 from blockdraft.cache import KVCache
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.policy import TreeWidth, make_policy
 from blockdraft.decode.tree import TOP_K, Tree, ancestors, build_grafted_tree, build_tree, max_nodes, top_candidates
 from blockdraft.sampling.tree import accept_path, accepted_depth, accepted_nodes, deepest_node
 from blockdraft.sampling import greedy_step
 
-from conftest import COSTS, VOCAB, ScriptedDrafter, tiny_draft, tiny_target
+from conftest import COSTS, VOCAB, ScriptedDrafter, own_proposer, proposer, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 
@@ -230,7 +231,7 @@ class RankedDrafter(ScriptedDrafter):
 
 
 def _reference(target, max_new):
-    base = generate(target, None, PROMPTS, max_new_tokens=max_new + 16, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=max_new + 16, stop_token_ids=[])
     return [p + r.tokens for p, r in zip(PROMPTS, base)]
 
 
@@ -238,8 +239,8 @@ def _reference(target, max_new):
 def test_tree_decode_equals_target_greedy_with_every_acceptance_length(adaptive):
     target = tiny_target("qwen3")
     reference = _reference(target, 60)
-    spec = generate(target, ScriptedDrafter(reference, 4), PROMPTS, max_new_tokens=60, stop_token_ids=[],
-                    tree=True, adaptive=adaptive)
+    guesses = proposer(target, ScriptedDrafter(reference, 4), "adaptive" if adaptive else "tree")
+    spec = generate(target, guesses, PROMPTS, max_new_tokens=60, stop_token_ids=[])
     for ref, p, s in zip(reference, PROMPTS, spec):
         assert s.tokens == ref[len(p): len(p) + 60], "a tree step changed the target's greedy output"
 
@@ -247,8 +248,8 @@ def test_tree_decode_equals_target_greedy_with_every_acceptance_length(adaptive)
 def test_a_tree_accepts_the_runner_up_that_a_chain_rejects():
     target = tiny_target("llama")
     reference = _reference(target, 40)
-    runs = {tree: generate(target, RankedDrafter(reference, 4), PROMPTS, max_new_tokens=40, stop_token_ids=[],
-                           tree=tree) for tree in (False, True)}
+    runs = {tree: generate(target, proposer(target, RankedDrafter(reference, 4), tree=tree), PROMPTS,
+                           max_new_tokens=40, stop_token_ids=[]) for tree in (False, True)}
     for ref, p, s in zip(reference, PROMPTS, runs[True]):
         assert s.tokens == ref[len(p): len(p) + 40]
     chain_tau = [r.stats.mean_tau for r in runs[False]]
@@ -263,8 +264,8 @@ def test_a_tree_accepts_the_runner_up_that_a_chain_rejects():
 def test_tree_decode_with_a_real_draft_equals_target_greedy():
     target = tiny_target("qwen3")
     draft = tiny_draft(target, block_size=8)
-    base = generate(target, None, PROMPTS, max_new_tokens=40, stop_token_ids=[])
-    spec = generate(target, draft, PROMPTS, max_new_tokens=40, stop_token_ids=[], tree=True, adaptive=True)
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=40, stop_token_ids=[])
+    spec = generate(target, proposer(target, draft, "adaptive"), PROMPTS, max_new_tokens=40, stop_token_ids=[])
     assert [s.tokens for s in spec] == [b.tokens for b in base]
 
 
@@ -293,8 +294,8 @@ def test_a_sampled_tree_step_tells_what_narrower_trees_would_have_accepted(coupl
     policy.observe = lambda width, accepted, within=None: (seen.append(sorted(within or {})),
                                                            observe(width, accepted, within))
     selector = Selector(SamplingParams(temperature=1.0, seed=3), len(PROMPTS), coupled=coupled)
-    generate(target, tiny_draft(target, block_size=4), PROMPTS, max_new_tokens=12, stop_token_ids=[],
-             selector=selector, tree=True, adaptive=policy)
+    generate(target, own_proposer(target, tiny_draft(target, block_size=4), policy, tree=True), PROMPTS,
+             max_new_tokens=12, stop_token_ids=[], selector=selector)
     assert seen and all(widths == [2, 4, 8] for widths in seen), seen
 
 

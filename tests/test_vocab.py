@@ -11,6 +11,7 @@ from blockdraft.io.drafts import LoadedDraft
 from blockdraft.api import load_draft
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.decode.vocab import scatter_logits
 from blockdraft.io.vocab import VOCAB_FILE, read_vocab, write_vocab
 from blockdraft.train.data import emitted_tokens
@@ -18,7 +19,7 @@ from blockdraft.errors import CheckpointError
 from blockdraft.io.checkpoint import write_checkpoint
 from blockdraft.train.data import Example
 
-from conftest import VOCAB, tiny_draft, tiny_target
+from conftest import VOCAB, proposer, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 WORDS = torch.tensor([2, 20, 21, 22, 40, 41, 60, 61, 62, 63])
@@ -72,8 +73,9 @@ def test_the_vocabulary_head_is_built_once_and_again_after_the_head_changes():
 def test_greedy_output_unchanged_by_the_vocabulary(family):
     target = tiny_target(family)
     draft = tiny_draft(target, block_size=8)
-    base = generate(target, None, PROMPTS, max_new_tokens=30, stop_token_ids=[])
-    spec = generate(target, Drafter(LoadedDraft(draft, vocab=WORDS), target), PROMPTS, max_new_tokens=30, stop_token_ids=[])
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=30, stop_token_ids=[])
+    spec = generate(target, proposer(target, Drafter(LoadedDraft(draft, vocab=WORDS), target)), PROMPTS,
+                    max_new_tokens=30, stop_token_ids=[])
     assert [s.tokens for s in spec] == [b.tokens for b in base]
 
 

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.generate import generate
+from blockdraft.decode.proposers import TargetAlone
 from blockdraft.cache import ContextWindow
 from blockdraft.errors import InputError
 
-from conftest import random_prompts, tiny_draft, tiny_target
+from conftest import proposer, random_prompts, tiny_draft, tiny_target
 
 FEATURES = 64 * 2  # the tiny target's hidden size times the draft's two tapped layers
 
@@ -108,10 +109,11 @@ def test_decoding_with_a_small_window_stays_exact_in_batches():
     target = tiny_target("llama")
     draft = tiny_draft(target, layers=2, block_size=6)
     prompts = random_prompts([3, 17, 9], seed=8)
-    alone = [r.tokens for r in generate(target, None, prompts, max_new_tokens=30, stop_token_ids=[])]
+    alone = [r.tokens for r in generate(target, TargetAlone(), prompts, max_new_tokens=30, stop_token_ids=[])]
     draft.context_window = ContextWindow(window=5, sinks=2)
     for modes in ({}, {"tree": True, "adaptive": True, "lookup": True}):
-        got = [r.tokens for r in generate(target, draft, prompts, max_new_tokens=30, stop_token_ids=[], **modes)]
+        got = [r.tokens for r in generate(target, proposer(target, draft, **modes), prompts, max_new_tokens=30,
+                                          stop_token_ids=[])]
         assert got == alone, modes
 
 

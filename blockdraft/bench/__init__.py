@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..decode.generate import eos_ids
+from ..decode.requests import eos_ids
 from ..hardware import describe
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target

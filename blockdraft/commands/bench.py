@@ -16,6 +16,7 @@ from ..bench import BenchSettings, benchmark
 from ..bench.methods import METHODS, REQUIRED, choose_methods
 from ..bench.plot import save_plot
 from ..bench.report import render, save_json, summary_line
+from ..decode.options import DecodeOptions
 from ..decode.requests import check_request
 from ..errors import InputError
 from ..io.drafts import DEFAULT_DRAFT
@@ -100,12 +101,12 @@ def run(args) -> int:
         stderr.print("[yellow]note: no trained draft is shipped yet; using an UNTRAINED draft "
                      "(output is exact, acceptance is near 1)[/yellow]")
     ids = [_encode(target, p.messages) for p in prompts]
-    block_size = args.block_size if args.block_size is not None else draft.config.block_size
+    block_size = DecodeOptions(block_size=args.block_size).block_size_of(draft.config.block_size)
     check_request(target, ids, args.max_new_tokens, block_size, draft.config.block_size,
                   names=[f"{p.set}:{p.id}" for p in prompts])
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              methods=methods, sampling=None if sampling.greedy else sampling,
-                             coupled=args.sampler == "coupled" and not sampling.greedy,
+                             coupled=DecodeOptions(sampling=sampling, sampler=args.sampler).coupled,
                              llama_draft_max=tuple(llama_draft_max))
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),

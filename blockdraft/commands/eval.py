@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..api import encode, load_draft
+from ..decode.options import DecodeOptions
 from ..errors import InputError
 from ..hardware import describe
 from ..io.targets import load_target, parse_dtype
@@ -52,7 +53,7 @@ def run(args) -> int:
     target = load_target(args.target, dtype=dtype, device=args.device, weights=args.weights)
     draft = load_draft(args.draft, target, full_vocab=args.full_vocab, ngrams=not args.no_ngrams,
                        context_window=window)
-    K = args.block_size if args.block_size is not None else draft.config.block_size
+    K = DecodeOptions(block_size=args.block_size).block_size_of(draft.config.block_size)
     dtype_name = str(dtype).removeprefix("torch.")
     shape = f"token trees of {K} nodes" if args.tree else f"K={K}"
     bounded = "" if window is None else f", draft context: first {window.sinks} + latest {window.window} positions"

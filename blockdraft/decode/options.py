@@ -59,6 +59,10 @@ class DecodeOptions:
         greedy, seeded = self.sampling.greedy, self.sampling.seed is not None
         return not greedy and (self.sampler == "coupled" or (self.sampler == "auto" and seeded))
 
+    def block_size_of(self, trained: int) -> int:
+        """K: the block size asked for, else the draft's `trained` one."""
+        return trained if self.block_size is None else self.block_size
+
     def describe(self) -> str:
         """The decode mode in a few words, e.g. "adaptive tree + lookup"."""
         shape = "tree" if self.tree else "chain"

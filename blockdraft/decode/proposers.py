@@ -9,6 +9,7 @@ Shapes: B live rows, N nodes (anchor included), V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -47,9 +48,25 @@ def chain(anchors: torch.Tensor, guesses: torch.Tensor, q: torch.Tensor | None, 
     return Proposal(tokens, depths, None, q, drafted, tokens.shape[1], lookup)
 
 
+class Proposer(Protocol):
+    """What the decode loop (generate.py, step.py) asks of a proposer, built by `Decoder` for one decode."""
+
+    drafter: Drafter | None  # the draft's runner, whose caches the loop starts, trims and grows; None without one
+    block_size: int  # K: the draft's block (1 for the target alone)
+    lookahead: int  # the most slots past the anchor's one step may write (the caches keep that much room)
+    tap_layer_ids: tuple[int, ...]  # the target layers whose features the draft reads
+
+    def propose(self, state: DecodeState, selector: Selector) -> Proposal: ...
+
+    def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None: ...
+
+
 class TargetAlone:
     """No guesses: every step is the target's own one-token step (the exactness oracle and speed baseline)."""
 
+    drafter = None
+    block_size = 1
+    lookahead = 1
     tap_layer_ids: tuple[int, ...] = ()
 
     def propose(self, state: DecodeState, selector: Selector) -> Proposal:
@@ -68,6 +85,8 @@ class ChainProposer:
                  vocab_size: int = 0) -> None:
         self.drafter, self.policy, self.lookup = drafter, policy, lookup
         self.tap_layer_ids = drafter.tap_layer_ids
+        self.block_size = drafter.block_size
+        self.lookahead = max(self.block_size, lookup.width if lookup is not None else 0)
         self.vocab_size = vocab_size  # the target's: a looked-up guess's q is one-hot over it
         self.chooser = policy  # the policy whose choice the last proposal was
 
@@ -104,6 +123,9 @@ class TreeProposer:
     def __init__(self, drafter: Drafter, policy: WidthPolicy, lookup: PromptLookup | None = None) -> None:
         self.drafter, self.policy, self.lookup = drafter, policy, lookup
         self.tap_layer_ids = drafter.tap_layer_ids
+        self.block_size = drafter.block_size
+        # Up to 2K nodes, and a lookup run grafted onto them.
+        self.lookahead = 2 * self.block_size + (lookup.width if lookup is not None else 0)
         self.size, self.graft, self.runs, self.run_nodes = 1, 0, (None, None), None  # the last tree's parts
 
     def propose(self, state: DecodeState, selector: Selector) -> Proposal:

@@ -10,7 +10,6 @@ import torch
 
 from ..errors import InputError
 from ..model.target import Target
-from .lookup import PromptLookup
 
 
 def _vocab_size(target) -> int:
@@ -81,18 +80,13 @@ def stop_ids(value, target: Target, default) -> set[int]:
     return {int(v) for v in ids}
 
 
-def check_stream_options(block_size, adaptive, lookup, tree) -> None:
-    """The decode switches: a block size that is a whole number (or None), and on/off flags that are bools (or a
-    policy / PromptLookup object where one is accepted): a string such as "off" would read as on."""
-    if block_size is not None and not is_count(block_size):
-        raise InputError(f"`block_size` must be a positive integer or None (the draft's own), got {block_size!r}")
-    def is_policy(value) -> bool:
-        return hasattr(value, "choose") and hasattr(value, "observe")
-
-    objects = {"adaptive": ("a width policy (choose/observe)", is_policy),
-               "lookup": ("a PromptLookup", lambda v: isinstance(v, PromptLookup)),
-               "tree": ("", lambda v: False)}
-    for name, value in (("adaptive", adaptive), ("lookup", lookup), ("tree", tree)):
-        what, accepts = objects[name]
-        if not (isinstance(value, bool) or accepts(value)):
-            raise InputError(f"`{name}` must be True or False{' or ' + what if what else ''}, got {value!r}")
+def eos_ids(target: Target) -> set[int]:
+    """The target's end-of-sequence ids: its generation config's, its config's and its tokenizer's."""
+    ids = set()
+    for source in (getattr(target.model, "generation_config", None), target.config, target.tokenizer):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return ids

@@ -38,7 +38,7 @@ class Target:
     (packed.py): same results, faster steps, a second copy of the linears in memory. None packs a bf16 CPU
     target whose copy fits in a quarter of the machine's memory.
 
-    `quantized` (per layer, each projection's Q4_1 blocks from a GGUF file: io.gguf.read_q4_layers) runs the seven
+    `quantized` (per layer, each projection's Q4_1 blocks as the file holds them: io/ read_q4_layers) runs the seven
     projections at the file's own precision, as int4 products at every row count; their bf16 weights are freed.
     """
 

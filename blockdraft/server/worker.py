@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from ..decode.decoder import Decoder
 from ..decode.generate import Admission
+from ..decode.options import DecodeOptions
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
 from .prometheus import ServerMetrics
@@ -82,7 +83,7 @@ class Job:
         # Greedy ignores every filter, so all greedy requests share one key; sampled ones group without the seed.
         self.group = SamplingParams() if sampling.greedy else replace(sampling, seed=None)
         self.seed = None if sampling.greedy else (sampling.seed if sampling.seed is not None else secrets.randbits(63))
-        self.coupled = not sampling.greedy and sampling.seed is not None  # the sampler "auto" picks (see above)
+        self.coupled = DecodeOptions(sampling=sampling).coupled  # what the sampler "auto" picks (see above)
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.sent = 0  # tokens sent so far (worker thread only)

@@ -112,9 +112,8 @@ def evaluate_online(target, draft, prompt_ids_list: list[list[int]], max_new_tok
 
     Prompts run `batch_size` at a time. `seconds` is the total wall time; `new_tokens` counts returned tokens.
     """
-    K = block_size or draft.config.block_size
-    decoder = Decoder(target, draft, replace(PRESETS["tree" if tree else "chain"], block_size=K))
-    stats = AcceptanceStats(K)
+    decoder = Decoder(target, draft, replace(PRESETS["tree" if tree else "chain"], block_size=block_size))
+    stats = AcceptanceStats(decoder.block_size())
     start = time.perf_counter()
     for first in range(0, len(prompt_ids_list), batch_size):
         chunk = prompt_ids_list[first : first + batch_size]

@@ -119,7 +119,7 @@ def magpie_prompts(target, folder: str | Path, count: int, *, seed: int, batch_s
     `on_batch(candidates, kept)` reports progress after every batch of `batch_size` candidates.
     """
     from ..decode.decoder import Decoder
-    from ..decode.generate import eos_ids
+    from ..decode.requests import eos_ids
     from ..decode.options import DecodeOptions
     from ..sampling import SamplingParams
 

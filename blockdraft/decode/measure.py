@@ -1,0 +1,81 @@
+"""The step costs of a target and draft, measured once (docs/design.md §14): from this process's memory, else the
+disk cache, else timed now over fixed-width steps, and cached. The `Decoder` asks here once per decode; the cost
+model itself (what a step of each width costs, fitted) is costs.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..io.targets import cache_root
+from ..model.target import Target
+from .costs import (PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopwatch, batch_bucket, cost_key,
+                    linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
+from .drafter import Drafter
+from .generate import stream
+from .policy import candidate_widths
+from .proposers import ChainProposer, TreeProposer
+
+
+def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fresh: bool = False) -> CostModel:
+    """The step costs of this target and draft at batch sizes up to `rows` (costs.py): from this process's memory,
+    else the disk cache, else measured now by timing fixed-width steps, and cached. `fresh` measures them again
+    (once per process) and replaces the cached ones: after a first measurement on a busy machine."""
+    config = getattr(drafter, "config", None)
+    if config is None:  # a drafter double (tests) has no model to time: a plain step, the draft at a third of one
+        return linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
+    key = cost_key(target, config, drafter.block_size, tree)
+    memory_key = key or (id(target), id(drafter.draft), drafter.block_size, tree)
+    if fresh and memory_key not in _REMEASURED:
+        _REMEASURED.add(memory_key)
+        _COSTS[memory_key] = CostModel()
+        key_on_disk = None  # the disk cache is not read, only written
+    else:
+        key_on_disk = key
+    model = _COSTS.setdefault(memory_key, CostModel())
+    buckets = [1 << i for i in range(batch_bucket(rows).bit_length())]  # 1, 2, 4, ... up to rows' bucket
+    folder = cache_root() / "costs"
+    if key_on_disk is not None and not set(buckets) <= model.buckets():
+        cached = read_cached(folder, key_on_disk)
+        if cached is not None and 1 in cached.plain:
+            _check_cached(cached.plain[1], target, drafter, tree)
+        model.update(cached or CostModel())
+    missing = [b for b in buckets if b not in model.buckets()]
+    if missing:
+        K = drafter.block_size
+        widths = candidate_widths(2 * K if tree else K)
+        model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing))
+        if key is not None:
+            write_cached(folder, key, model)
+    return model
+
+
+def _check_cached(cached_plain: float, target: Target, drafter: Drafter, tree: bool) -> None:
+    """Warn where a plain step of the cache is far slower than a few timed now (costs.stale_cache_note)."""
+    probe = _timed_steps(target, drafter, tree, 1, 1, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+    note = stale_cache_note(cached_plain, probe) if probe else None
+    if note:
+        warnings.warn(note, stacklevel=4)
+
+
+_COSTS: dict = {}  # cost models measured or read in this process, by cost key
+_REMEASURED: set = set()  # cost keys measured afresh in this process
+
+
+def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int) -> list[float]:
+    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt."""
+    vocab = int(target.lm_head.weight.shape[0])
+    length = max(4, min(PROMPT_LENGTH, target.max_positions // 4))
+    prompt = [(i * 7919 + 11) % vocab for i in range(length)]
+    budget = max(1, min((steps + 1) * width, target.max_positions - length - 4 * drafter.block_size))
+    watch, done = Stopwatch(width), []
+
+    def stop_after_steps():  # every row ends once `steps` steps are timed
+        done.append(1)
+        return range(rows) if len(done) > steps + 1 else []
+
+    proposer = TreeProposer(drafter, watch) if tree else ChainProposer(drafter, watch, vocab_size=vocab)
+    for _ in stream(target, proposer, [prompt] * rows, max_new_tokens=budget, stop_token_ids=[],
+                    drop=stop_after_steps):
+        pass
+    return watch.seconds
