@@ -51,7 +51,7 @@ def rows() -> dict:
         packed = PackedLinear(q4.dequantize_int4(codes, scales_zeros).to(torch.bfloat16))
         for m in (1, 2, 4, 9, 17, 64, 256):
             x = torch.randn(m, d).to(torch.bfloat16)
-            int4, bf16 = timed(lambda: q4._int4_mm(x, weight)), timed(lambda: packed.product(x))
+            int4, bf16 = timed(lambda: q4.int4_product(x, weight)), timed(lambda: packed.product(x))
             table[f"{n}x{d}@{m}"] = {"int4_us": int4, "bf16_packed_us": bf16}
             print(f"{n}x{d} rows {m:2d}: int4 {int4[0]:7.1f} (min {int4[1]:7.1f})  "
                   f"bf16 packed {bf16[0]:7.1f} (min {bf16[1]:7.1f})", flush=True)

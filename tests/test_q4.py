@@ -44,7 +44,7 @@ def test_dequantized_int4_weights_are_the_kernels_bits():
     # The bf16 fallback multiplies by these weights; they must be the ones the kernel uses, not nearly.
     codes, scales_zeros = q4.int4_form([random_blocks(96, 128)])
     weight = q4.pack_int4(codes, scales_zeros)
-    kernel = q4._int4_mm(torch.eye(128), weight).t()  # [N, D]: each output one weight times 1.0
+    kernel = q4.int4_product(torch.eye(128), weight).t()  # [N, D]: each output one weight times 1.0
     assert torch.equal(q4.dequantize_int4(codes, scales_zeros), kernel)
 
 

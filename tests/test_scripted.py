@@ -30,18 +30,18 @@ def int4_target(family: str) -> Target:
 
 def both_loops(target: Target, *args, **kwargs):
     """The forward's outputs and cache with the TorchScript loop, then with the Python loop, from the same cache."""
-    assert target._fixed is not None, "this target's forward must take the TorchScript loop"
+    assert target.run_layers == target._scripted_layers, "this target's forward must take the TorchScript loop"
     results = []
-    for fixed in (target._fixed, None):
+    for runner in (target._scripted_layers, target._layers):
         cache = target.new_cache(2, 40)
-        original, target._fixed = target._fixed, fixed
+        original, target.run_layers = target.run_layers, runner
         try:
             with torch.inference_mode():
                 prefill = target.forward(torch.arange(2 * 11).view(2, 11) % 90 + 3, torch.arange(11).expand(2, 11),
                                          cache, (0, 1), logit_rows=torch.arange(11).expand(2, 11))
                 out = target.forward(*args, cache=cache, **kwargs)
         finally:
-            target._fixed = original
+            target.run_layers = original
         results.append((prefill, out, cache))
     return results
 
@@ -97,9 +97,31 @@ def test_a_wrong_scripted_op_would_be_seen(monkeypatch):
 
 
 def test_targets_outside_its_reach_keep_the_python_loop():
-    assert tiny_target("llama")._fixed is None, "a float32 target's products are not int4: the Python loop runs"
-    assert Target(tiny_target("llama").model.bfloat16(), pack_weights=True)._fixed is None, "packed bf16 neither"
+    target = tiny_target("llama")
+    assert target.run_layers == target._layers, "a float32 target's products are not int4: the Python loop runs"
+    packed = Target(tiny_target("llama").model.bfloat16(), pack_weights=True)
+    assert packed.run_layers == packed._layers, "packed bf16 neither"
 
 
 def test_the_loop_compiles_with_torchscript():
     assert scripted.scripted_run_layers() is not scripted.run_layers, "TorchScript must compile the loop here"
+
+
+def test_each_twin_computes_its_originals_bits():
+    """The TorchScript twins (scripted.py) against the Python loop's own functions, on bf16 rows: a twin that drifted
+    from its original would make the two loops differ in ways the whole-loop tests above may not reach."""
+    from blockdraft.model import lean
+
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 64, generator=generator).bfloat16()
+    weight = (1 + 0.1 * torch.randn(64, generator=generator)).bfloat16()
+    eps, width = torch.tensor(1e-5), torch.tensor(64.0)
+    assert torch.equal(scripted.rms_norm_twin(x, weight, eps, width), lean.rms_norm(x, weight, eps, width))
+    heads = torch.randn(2, 3, 4, 16, generator=generator).bfloat16()
+    c, s = (torch.randn(2, 1, 4, 16, generator=generator).bfloat16() for _ in range(2))
+    assert torch.equal(scripted.rotate_twin(heads, c, s), lean.rotate(heads, c, s))
+    target = int4_target("llama")
+    weight4 = target.linears[0]["qkv"].weight
+    rows = torch.randn(5, weight4.in_features, generator=generator).bfloat16()
+    assert torch.equal(scripted.int4_product_twin(rows, weight4.packed, weight4.scales_zeros, q4.BLOCK),
+                       q4.int4_product(rows, weight4))

@@ -16,7 +16,7 @@ from ..errors import CheckpointError
 from ..model.q4 import Q4Blocks, UnsupportedQuantization
 from ..model.q8 import Q8Rows
 
-# GGUF tensor name -> the decoder layer's projection (target._projections' names).
+# GGUF tensor name -> the decoder layer's projection (model/weights.py projections' names).
 GGUF_PROJECTIONS = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",
                     "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down"}
 

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 
 BLOCK = 32  # inputs per Q4_1 block, and the kernel's group size
 BLOCK_BYTES = 20  # float16 d, float16 m, 16 bytes of codes
-# A fused projection of target._layer_linears -> its parts, stacked along N in this order.
+# A fused projection of weights.layer_linears -> its parts, stacked along N in this order.
 FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
@@ -99,8 +99,9 @@ def dequantize_int4(codes: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Te
     return (codes.float() - 8) * scale + zero
 
 
-def _int4_mm(x: torch.Tensor, weight: Q4Weight) -> torch.Tensor:
-    """x [M, D] -> [M, N] over the int4 weight; float32 x with float32 scales keeps the product in float32."""
+def int4_product(x: torch.Tensor, weight: Q4Weight) -> torch.Tensor:
+    """x [M, D] -> [M, N] over the int4 weight: the one int4 product (Q4Linear runs it; scripted.py's loop runs its
+    TorchScript twin). float32 x with float32 scales keeps the product in float32."""
     scales_zeros = weight.scales_zeros if x.dtype == torch.bfloat16 else weight.scales_zeros.to(x.dtype)
     return torch._weight_int4pack_mm_for_cpu(x, weight.packed, BLOCK, scales_zeros)
 
@@ -110,18 +111,16 @@ class Q4Linear:
 
     def __init__(self, weight: Q4Weight) -> None:
         self.weight = weight
-        # The unchecked product, as `PackedConcat.product`: x [M, D] bf16, 2-D, contiguous, no gradient.
+        # `int4_product` unchecked, its operands bound (as `PackedConcat.product`): x [M, D] bf16, 2-D, contiguous,
+        # no gradient. A one-token step of a 30-layer target calls it 120 times, where a Python frame is not free.
         self.product = partial(torch._weight_int4pack_mm_for_cpu, mat2=weight.packed, qGroupSize=BLOCK,
                                qScaleAndZeros=weight.scales_zeros)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad:  # the kernel has no backward: a gradient would silently stop here
             raise ConfigError("int4 weights (--weights q4) serve inference only; train over a bf16 or float32 target")
-        # `_int4_mm` inlined: this runs 120 times in a one-token step of a 30-layer target, where a call is not free.
-        weight = self.weight
-        scales_zeros = weight.scales_zeros if x.dtype == torch.bfloat16 else weight.scales_zeros.to(x.dtype)
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, D]
-        return torch._weight_int4pack_mm_for_cpu(flat, weight.packed, BLOCK, scales_zeros).view(*x.shape[:-1], -1)
+        return int4_product(flat, self.weight).view(*x.shape[:-1], -1)
 
 
 # The int4 kernel's packed layout interleaves output rows in groups of this many: rows a..b of a packed weight are
@@ -157,7 +156,7 @@ def rows_of(weight: Q4Weight, start: int, stop: int) -> Q4Weight:
 
 def int4_layer(blocks: dict[str, Q4Blocks]) -> dict[str, Q4Weight]:
     """A layer's projections as int4 weights, q/k/v and gate/up stacked into one product each (the names of
-    target._layer_linears: qkv, o, gate_up, down), from the layer's Q4_1 blocks (by part name)."""
+    weights.layer_linears: qkv, o, gate_up, down), from the layer's Q4_1 blocks (by part name)."""
     return {name: pack_int4(*int4_form([blocks[part] for part in FUSED.get(name, (name,))]))
             for name in ("qkv", "o", "gate_up", "down")}
 

@@ -26,20 +26,24 @@ import torch.nn.functional as F
 from .lean import rms_norm
 
 
-def _product(x: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, group: int) -> torch.Tensor:
-    """x [M, D] bf16 -> [M, N]: the int4 product over packed weight [N, D / 2] (q4.Q4Weight)."""
+# The twins below are the Python loop's own functions as TorchScript compiles them (it compiles only functions of its
+# own, without a gradient): the same ops in the same order, so the same bits (tests/test_scripted.py checks each).
+
+
+def int4_product_twin(x: torch.Tensor, weight: torch.Tensor, scales_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """q4.int4_product's twin: x [M, D] bf16 -> [M, N] over packed weight [N, D / 2] (q4.Q4Weight)."""
     return torch._weight_int4pack_mm_for_cpu(x, weight, group, scales_zeros)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
-    """lean.rms_norm without a gradient: HF's RMSNorm bit for bit, x [..., W] bf16."""
+def rms_norm_twin(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """lean.rms_norm's twin: HF's RMSNorm bit for bit, x [..., W] bf16."""
     h = x.to(torch.float32)
     scale = (h * h).sum(-1, keepdim=True).div_(width).add_(eps).rsqrt_()  # [..., 1]
     return weight * h.mul_(scale).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """lean.rotate without a gradient: RoPE of x [B, h, T, Dh] over the tables of target._rope_tables."""
+def rotate_twin(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """lean.rotate's twin: RoPE of x [B, h, T, Dh] over the tables of target._rope_tables."""
     return (x * c).add_(x.roll(x.shape[-1] // 2, -1).mul_(s))
 
 
@@ -63,14 +67,14 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
     rows = torch.arange(B, device=x.device).unsqueeze(1)  # [B, 1]
     for layer in range(len(keys)):
         at = 4 * layer
-        out = _product(_rms_norm(x, norms[2 * layer], eps, width), weights[at], scales[at], group)
+        out = int4_product_twin(rms_norm_twin(x, norms[2 * layer], eps, width), weights[at], scales[at], group)
         qkv = out.view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
         if len(qk_norms) == 0:  # q and k rotated together: the same ops, half the calls
-            qk = _rotate(qkv[:, : H + Hkv], c, s)  # [B, H + Hkv, T, Dh]
+            qk = rotate_twin(qkv[:, : H + Hkv], c, s)  # [B, H + Hkv, T, Dh]
             q, k = qk[:, :H], qk[:, H:]
         else:
-            q = _rotate(_rms_norm(qkv[:, :H], qk_norms[2 * layer], qk_eps, qk_width), c, s)
-            k = _rotate(_rms_norm(qkv[:, H : H + Hkv], qk_norms[2 * layer + 1], qk_eps, qk_width), c, s)
+            q = rotate_twin(rms_norm_twin(qkv[:, :H], qk_norms[2 * layer], qk_eps, qk_width), c, s)
+            k = rotate_twin(rms_norm_twin(qkv[:, H : H + Hkv], qk_norms[2 * layer + 1], qk_eps, qk_width), c, s)
         v = qkv[:, H + Hkv :]  # [B, Hkv, T, Dh]
         if start >= 0:
             keys[layer].narrow(2, start, T).copy_(k)
@@ -87,10 +91,12 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
             folded = q.reshape(B, Hkv, g * T, Dh)
             attended = F.scaled_dot_product_attention(folded, context_k, context_v, attn_mask=bias)
             attended = attended.reshape(B, H, T, Dh)
-        x = x.add_(_product(attended.transpose(1, 2).reshape(M, H * Dh), weights[at + 1], scales[at + 1], group))
-        gate_up = _product(_rms_norm(x, norms[2 * layer + 1], eps, width), weights[at + 2], scales[at + 2], group)
+        attended = attended.transpose(1, 2).reshape(M, H * Dh)
+        x = x.add_(int4_product_twin(attended, weights[at + 1], scales[at + 1], group))
+        normed = rms_norm_twin(x, norms[2 * layer + 1], eps, width)
+        gate_up = int4_product_twin(normed, weights[at + 2], scales[at + 2], group)
         gate, up = gate_up.chunk(2, -1)  # [M, I] each
-        x = x.add_(_product(F.silu(gate).mul_(up), weights[at + 3], scales[at + 3], group))
+        x = x.add_(int4_product_twin(F.silu(gate).mul_(up), weights[at + 3], scales[at + 3], group))
         if layer in taps:
             tapped.append(x.clone())  # later layers add into x
     return x, tapped

@@ -19,7 +19,8 @@ from ..errors import ConfigError
 from . import q4, q8, scripted
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
-from .packed import PackedConcat, fits_in_memory, head_linear, pack_concat, pack_linear, packing_supported
+from .packed import head_linear
+from .weights import build_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
 CAUSAL = "causal"  # the attention "bias" of a prefill from slot 0: causal by flag, no mask built
@@ -54,76 +55,34 @@ class Target:
                 "use a Llama- or Qwen3-family causal LM"
             )
         inner = model.model
-        self.embed_tokens = inner.embed_tokens
         self.layers = inner.layers
         self.final_norm = inner.norm
         self.rotary = inner.rotary_emb
-        self.lm_head = model.get_output_embeddings()
-        self._file_rows = embedding  # q8.py: the tied embedding and head from the file, maybe never loaded (meta)
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
-        self.packed = self._should_pack() if pack_weights is None else pack_weights and self._can_pack()
-        self.quantized = quantized is not None  # int4 layer products: step costs differ (decode/costs.py)
-        # Per layer: the seven projections, packed (q/k/v and gate/up stacked into one product each) or the HF
-        # modules themselves; int4 (stacked the same way) for a quantized target.
-        self.linears = (self._int4_linears(quantized) if quantized is not None
-                        else [_layer_linears(layer, self.packed) for layer in self.layers])
-        # The same, with each packed or int4 one as its unchecked product: a forward checks every packed copy once
-        # (`_unchecked`) instead of at each of its ~120 calls, which cost ~5 % of a one-token step here.
-        self._packs = [f for linears in self.linears for f in linears.values() if isinstance(f, PackedConcat)]
-        self._products = [{name: f.product if isinstance(f, (PackedConcat, q4.Q4Linear)) else f
-                           for name, f in linears.items()} for linears in self.linears]
-        self._rows = None  # the tied embedding and head as the file's Q8_0 rows (q8.py), or None: the weight's
-        served = (q8.serve_from_rows(model, self.lm_head.weight, embedding)
-                  if embedding is not None and q8.rows_can_serve() and self._tied() else None)
-        if served is None:
-            self.head = head_linear(self.lm_head.weight, getattr(self.lm_head, "bias", None), pack=self.packed)
-        else:  # the file's rows serve the embedding and the head, which are no longer held (q8.py)
-            self.head, self.embed_tokens, self.lm_head = served
-            self._rows, self._dtype, self._device = embedding, torch.bfloat16, torch.device("cpu")
+        # The weights in one representation (weights.py: HF modules, packed bf16, int4, the file's Q8 rows), ready.
+        weights = build_weights(model, pack_weights=pack_weights, quantized=quantized, embedding=embedding)
+        self.weights = weights
+        self.linears, self.head = weights.linears, weights.head
+        self.embed_tokens, self.lm_head, self._rows = weights.embed_tokens, weights.lm_head, weights.rows
+        self.packed, self.quantized = weights.packed, weights.quantized  # step costs differ (decode/costs.py)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
         self._final_norm = norm_function(self.final_norm)  # lean.py: the module's bits, fewer calls
-        # Per layer, what a forward runs, as plain functions (lean.py): with the packed products unchecked, and with
-        # the checked ones (`_unchecked` picks).
+        # Per layer, what a forward runs, as plain functions (lean.py): with the packed products unchecked (a
+        # forward checks every packed copy once, `_unchecked`, instead of at each of its ~120 calls, which cost ~5 %
+        # of a one-token step here), and with the checked ones.
         self._plans = {unchecked: [self._layer_plan(layer, linear) for layer, linear in zip(self.layers, linears)]
-                       for unchecked, linears in ((True, self._products), (False, self.linears))}
-        self._fixed = scripted.fixed_operands(self)  # the TorchScript loop's operands; None: it does not apply
-
-    def _tied(self) -> bool:
-        return getattr(self.lm_head, "bias", None) is None and self.lm_head.weight is self.embed_tokens.weight
+                       for unchecked, linears in ((True, weights.products), (False, weights.linears))}
+        # One layer runner, chosen here: the TorchScript loop (scripted.py) where its operands apply (an int4 CPU
+        # target), else the Python loop, the reference.
+        self._fixed = scripted.fixed_operands(self)
+        self.run_layers = self._scripted_layers if self._fixed is not None else self._layers
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [N] of the LM head's weight [N, D], in its dtype (the file's rows when they serve it)."""
         return self._rows.rows(ids) if self._rows is not None else self.lm_head.weight.detach()[ids]
-
-    def _can_pack(self) -> bool:
-        weight = self.lm_head.weight
-        if weight.is_meta and self._file_rows is not None:  # never read: the file's rows will serve it
-            return q8.rows_can_serve()
-        return isinstance(self.lm_head, torch.nn.Linear) and packing_supported(weight)
-
-    def _should_pack(self) -> bool:
-        if not self._can_pack():
-            return False
-        linears = [self.lm_head, *(m for layer in self.layers for m in _projections(layer).values())]
-        return fits_in_memory(sum(m.weight.numel() * m.weight.element_size() for m in linears))
-
-    def _int4_linears(self, quantized: list[dict]) -> list[dict]:
-        """Each layer's projections over int4 weights made from its Q4_1 blocks (q4.py), at every row count; the
-        HF model's projection modules become views of the same weights, and their bf16 weights are freed."""
-        if len(quantized) != self.num_layers:  # a GGUF of another model would pair layers wrongly
-            raise ConfigError(f"the quantized weights have {len(quantized)} layers, the target {self.num_layers}; "
-                              "pass the GGUF of this target")
-        self.model.requires_grad_(False)  # frozen: the int4 kernel has no backward, so no input may need one
-        linears = []
-        for layer, blocks in zip(self.layers, quantized):
-            weights = q4.int4_layer(blocks)
-            q4.replace_projections(_projections(layer), _owners(layer), weights)
-            linears.append({name: q4.Q4Linear(weight) for name, weight in weights.items()})
-        q4.release_freed_memory()
-        return linears
 
     @property
     def num_layers(self) -> int:
@@ -135,11 +94,11 @@ class Target:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._dtype if self._rows is not None else self.embed_tokens.weight.dtype  # the rows' weight: meta
+        return torch.bfloat16 if self._rows is not None else self.embed_tokens.weight.dtype  # the rows' weight: meta
 
     @property
     def device(self) -> torch.device:
-        return self._device if self._rows is not None else self.embed_tokens.weight.device
+        return torch.device("cpu") if self._rows is not None else self.embed_tokens.weight.device
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         capacity = -(-capacity // SPAN_GRID) * SPAN_GRID  # every span `_attention_mask` rounds up fits
@@ -170,7 +129,7 @@ class Target:
         gradient; every layer keeps x's dtype) and every packed copy is current. Else the checked ones
         (`PackedConcat.__call__`), which fall back to `F.linear` one by one."""
         suits = x.dtype == torch.bfloat16 and x.device.type == "cpu" and not x.requires_grad
-        return suits and all(p.ready() for p in self._packs)
+        return suits and all(p.ready() for p in self.weights.packs)
 
     def _layer_plan(self, layer, linear: dict) -> tuple:
         """(norm_in, qkv, o, norm_post, mlp) of one layer over its projections `linear`, for `forward`'s loop."""
@@ -205,8 +164,11 @@ class Target:
                 tapped[index] = x
         return x, tapped
 
-    def _scripted_layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids):
-        """`_layers` as one TorchScript call (scripted.py): the same ops, without Python between them."""
+    def _scripted_layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth=None):
+        """`_layers` as one TorchScript call (scripted.py): the same ops, without Python between them. Rows it was
+        not built for (features only up to a depth, or not bf16 inference rows) take the Python loop."""
+        if depth is not None or not self._unchecked(x):
+            return self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth)
         fixed = self._fixed
         wanted = sorted(set(tap_layer_ids))
         causal = bias is CAUSAL  # else bias is the mask's bias, or None where every row sees every slot
@@ -250,11 +212,8 @@ class Target:
         B, D = x.shape[0], x.shape[-1]
         c, s = _rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
         x = x.view(B * T, D)  # [M, D]: every op but attention works row by row
-        if self._fixed is not None and self._unchecked(x):
-            x, tapped = self._scripted_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids)
-        else:
-            depth = max(tap_layer_ids) + 1 if stop_after_taps else None
-            x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth)
+        depth = max(tap_layer_ids) + 1 if stop_after_taps else None
+        x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
             tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
         tapped = {index: h.view(B, T, D) for index, h in tapped.items()}
@@ -295,40 +254,6 @@ SPAN_GRID = 16
 
 def _span(needed: int, capacity: int) -> int:
     return min(-(-needed // SPAN_GRID) * SPAN_GRID, capacity)
-
-
-def _layer_linears(layer, packed: bool) -> dict:
-    """A layer's projections by short name: the HF modules, or packed ones where q/k/v become one "qkv" product
-    and gate/up one "gate_up" product (packed.py: same bits) whenever their weights can share one."""
-    modules = _projections(layer)
-    if not packed:
-        return modules
-    out = {}
-    for fused, names in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
-        stacked = pack_concat([modules[name] for name in names])
-        if stacked is not None:
-            out[fused] = stacked
-        else:
-            out.update({name: pack_linear(modules[name]) for name in names})
-    return out | {name: pack_linear(modules[name]) for name in ("o", "down")}
-
-
-def _owners(layer) -> dict:
-    """Where each of the seven linears of a Llama/Qwen decoder layer lives: short name -> (module, attribute)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return {"q": (attn, "q_proj"), "k": (attn, "k_proj"), "v": (attn, "v_proj"), "o": (attn, "o_proj"),
-            "gate": (mlp, "gate_proj"), "up": (mlp, "up_proj"), "down": (mlp, "down_proj")}
-
-
-def _projections(layer) -> dict:
-    """The seven linears of a Llama/Qwen decoder layer by short name."""
-    mlp = layer.mlp
-    modules = {name: getattr(owner, attr, None) for name, (owner, attr) in _owners(layer).items()}
-    missing = [f"{name}_proj" for name, m in modules.items() if m is None]
-    if missing or not hasattr(mlp, "act_fn"):
-        raise ConfigError(f"target layer lacks {missing or ['mlp.act_fn']}; blockdraft drives the Llama/Qwen3 "
-                          "decoder layout (q/k/v/o_proj, gate/up/down_proj); use a Llama- or Qwen3-family model")
-    return modules
 
 
 def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,10 +14,11 @@ import pytest
 
 from blockdraft.model.target import Target
 
-from conftest import char_tokenizer, needs_smollm2, tiny_target
-
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # the library tests' tiny models; conftest is theirs
 sys.path.insert(0, str(REPO / "lab"))
+
+from conftest import char_tokenizer, needs_smollm2, tiny_target  # noqa: E402
 
 import gpu_check  # noqa: E402
 import gpu_prep  # noqa: E402
