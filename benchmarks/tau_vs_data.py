@@ -1,30 +1,45 @@
-"""The shipped SmolLM2 draft's online chain tau against the response tokens its lineage has trained on.
+"""The SmolLM2 draft's online chain tau against the CPU-hours and the distinct response tokens its lineage trained on.
 
     python benchmarks/tau_vs_data.py [--out benchmarks/smollm2-tau-vs-data.png]
 
-Each point is one training stage of the shipped draft (its card: blockdraft/drafts/smollm2-135m-instruct/README.md):
-x = the distinct target-regenerated response tokens of every data folder the stage and the stages before it trained
-on, y = the online greedy chain tau (K=8, 8 prompts, 128 new tokens) on HumanEval and MT-Bench first turns. Every
-stage also trained longer than the one before, so data and compute grow together here; stages 3 and 4 were
-measured in float32 on another CPU, the rest in bf16.
+Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
+last; hollow points are continuations that were measured and not shipped (each from stage 9). x: the CPU-hours of
+training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
+response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
+HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
+The last lines print what the late slope says about the 2.0 / 1.7 targets.
 """
 
 from __future__ import annotations
 
 import argparse
 
-# stage: (cumulative response tokens, HumanEval tau, MT-Bench tau), from the draft card's data and tau rows.
+# stage: (training minutes of the stage, cumulative response tokens, HumanEval tau, MT-Bench tau)
 STAGES = {
-    1: (100_727, 1.134, 1.189),
-    2: (407_661, 1.186, 1.250),
-    3: (661_027, 1.220, 1.250),
-    4: (1_031_038, 1.254, 1.271),
-    5: (1_272_140, 1.373, 1.308),
-    6: (1_729_734, 1.380, 1.329),
-    7: (1_957_204, 1.444, 1.334),
-    8: (2_359_923, 1.497, 1.337),
-    9: (2_486_649, 1.529, 1.348),
+    "1": (46, 100_727, 1.134, 1.189),
+    "2": (55, 407_661, 1.186, 1.250),
+    "3": (50, 661_027, 1.220, 1.250),
+    "4": (60, 1_031_038, 1.254, 1.271),
+    "5": (60, 1_272_140, 1.373, 1.308),
+    "6": (21, 1_729_734, 1.380, 1.329),
+    "7": (38, 1_957_204, 1.444, 1.334),
+    "8": (64, 2_359_923, 1.497, 1.337),
+    "9": (65, 2_486_649, 1.529, 1.348),
 }
+# Continuations of stage 9, not shipped: (their own minutes, cumulative tokens, HumanEval tau, MT-Bench tau, label)
+NOT_SHIPPED = [
+    (76, 2_486_649, 1.495, 1.355, "same data"),
+    (30, 2_943_950, 1.533, 1.351, "+2.3k seqs"),
+    (28, 3_648_995, 1.534, 1.357, "cpu-a 5.9k"),
+]
+
+
+def lineage_hours() -> list[float]:
+    hours, total = [], 0.0
+    for minutes, *_ in STAGES.values():
+        total += minutes / 60
+        hours.append(total)
+    return hours
 
 
 def main() -> None:
@@ -36,21 +51,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/smollm2-tau-vs-data.png")
     args = parser.parse_args()
-    tokens = [v[0] / 1e6 for v in STAGES.values()]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for column, label, marker in ((1, "HumanEval", "o"), (2, "MT-Bench first turns", "s")):
-        ax.plot(tokens, [v[column] for v in STAGES.values()], marker=marker, label=label)
-    for stage, (count, humaneval, _) in STAGES.items():
-        ax.annotate(str(stage), (count / 1e6, humaneval), textcoords="offset points", xytext=(0, 6), ha="center",
-                    fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("distinct response tokens trained on (millions, log scale)")
-    ax.set_ylabel("online chain tau (K=8, greedy)")
-    ax.set_title("SmolLM2-135M draft: tau against data (numbers: training stages; 2 CPU cores)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    hours = lineage_hours()
+    tokens = [v[1] / 1e6 for v in STAGES.values()]
+    extra_hours = [hours[-1] + m / 60 for m, *_ in NOT_SHIPPED]
+    extra_tokens = [t / 1e6 for _, t, *_ in NOT_SHIPPED]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120, sharey=True)
+    for ax, xs, extra_x, label in ((axes[0], hours, extra_hours, "CPU-hours of training (2 cores)"),
+                                   (axes[1], tokens, extra_tokens, "distinct response tokens (millions, log)")):
+        for column, name, marker, color in ((2, "HumanEval", "o", "tab:blue"), (3, "MT-Bench first turns", "s",
+                                                                                 "tab:orange")):
+            ax.plot(xs, [v[column] for v in STAGES.values()], marker=marker, color=color, label=name)
+            ax.scatter(extra_x, [e[column] for e in NOT_SHIPPED], marker=marker, facecolors="none", edgecolors=color,
+                       label=f"{name}, not shipped")
+        for stage, x, (_, _, humaneval, _) in zip(STAGES, xs, STAGES.values()):
+            ax.annotate(stage, (x, humaneval), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        ax.axhline(2.0, color="tab:blue", linestyle=":", linewidth=1)
+        ax.axhline(1.7, color="tab:orange", linestyle=":", linewidth=1)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].set_xscale("log")
+    axes[0].set_ylabel("online chain tau (K=8, greedy)")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle("SmolLM2-135M draft: tau against CPU time and data (numbers: stages; dotted: the 2.0 / 1.7 goals)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out)
+    # The late slope: stages 5-9 against their hours and their data doublings.
+    (h5, h9), (t5, t9) = (hours[4], hours[8]), (tokens[4], tokens[8])
+    import math
+
+    for column, name, goal in ((2, "HumanEval", 2.0), (3, "MT-Bench", 1.7)):
+        tau5, tau9 = STAGES["5"][column], STAGES["9"][column]
+        per_hour, per_doubling = (tau9 - tau5) / (h9 - h5), (tau9 - tau5) / math.log2(t9 / t5)
+        print(f"{name}: +{per_hour:.3f} tau per CPU-hour and +{per_doubling:.3f} per doubling of data over stages "
+              f"5-9; {goal} needs {(goal - tau9) / per_hour:.0f} more CPU-hours at that slope, or "
+              f"{2 ** ((goal - tau9) / per_doubling):.0f}x the data")
     print(f"wrote {args.out}")
 
 
