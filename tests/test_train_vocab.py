@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from blockdraft.decode.vocab import scatter_logits
 from blockdraft.io.vocab import read_vocab, write_vocab
