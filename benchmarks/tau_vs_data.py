@@ -31,6 +31,9 @@ NOT_SHIPPED = [
     (76, 2_486_649, 1.495, 1.355, "same data"),
     (30, 2_943_950, 1.533, 1.351, "+2.3k seqs"),
     (28, 3_648_995, 1.534, 1.357, "cpu-a 5.9k"),
+    # 2026-11-27: all three folders (17,041 distinct prompts), 628 steps of 8 (5,024 sequences, 29 % of them),
+    # 100 minutes beside other work; the shipped draft measured 1.514 / 1.342 in the same run.
+    (100, 3_500_000, 1.543, 1.366, "3 folders"),
 ]
 
 
