@@ -239,6 +239,20 @@ def test_init_from_continues_a_draft_and_must_match_it(tmp_path):
                                    msg=f"{name}: init_from must start from the given draft's weights")
 
 
+def test_init_from_may_change_the_block_size(tmp_path):
+    # No weight depends on K: a K = 8 draft continues at K = 4, starts from the same weights, and serves at 4.
+    write_data(tmp_path / "data")
+    first = train(tiny_target("llama"), config(tmp_path, "first", max_steps=2, block_size=8))
+    second = train(tiny_target("llama"), config(tmp_path, "second", max_steps=1, init_from=first, block_size=4,
+                                                gamma=4.0, lr=1e-9))
+    assert json.loads((second / "config.json").read_text())["block_size"] == 4
+    assert json.loads((second / "config.json").read_text())["dflash_config"]["block_size"] == 4
+    start, master = tensors(first / "model.safetensors"), tensors(second.parent / "checkpoint" / "model.safetensors")
+    assert start.keys() == master.keys()
+    for name in start:
+        torch.testing.assert_close(master[name], start[name].float(), rtol=0, atol=1e-8, msg=name)
+
+
 def test_val_folder_is_the_held_out_set(tmp_path):
     write_data(tmp_path / "data", count=8)
     write_data(tmp_path / "data" / "val", count=3, seed=5)

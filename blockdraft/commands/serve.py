@@ -9,6 +9,7 @@ from rich.console import Console
 
 from ..decode.options import PRESETS, DecodeOptions
 from ..errors import ConfigError, InputError
+from ..threads import on_passing_thread
 from .common import add_model_arguments, check_port_free, context_window, prepare
 
 console = Console(stderr=True, highlight=False)
@@ -58,10 +59,15 @@ def run(args) -> int:
     if args.host not in LOOPBACK and not args.api_key:
         console.print(f"[yellow]warning: binding {args.host} without --api-key: anyone who can reach this "
                       "address can use the model[/yellow]")
-    with console.status("loading target and draft"):
+
+    def load():  # on a passing thread: this one serves HTTP and must start no OpenMP team (threads.py)
         target = load_target(args.target, dtype=args.dtype, device=args.device, weights=args.weights)
         draft = None if args.no_spec else load_draft(args.draft, target, full_vocab=args.full_vocab,
                                                      ngrams=not args.no_ngrams)
+        return target, draft
+
+    with console.status("loading target and draft"):
+        target, draft = on_passing_thread(load)
     if draft is not None and not draft.trained:
         console.print("[yellow]note: no trained draft is shipped yet; serving with an UNTRAINED draft "
                       "(output is exact, acceptance is near 1)[/yellow]")

@@ -13,9 +13,11 @@ from .settings import TrainConfig
 
 
 def check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
-    # The loaded draft defines the shape and interface; a TrainConfig that says otherwise is a mistake.
-    wanted = {"num_hidden_layers": cfg.num_draft_layers, "block_size": cfg.block_size,
-              "mask_token_id": cfg.mask_token_id, "target_layer_ids": cfg.target_layer_ids}
+    # The loaded draft defines the shape and interface; a TrainConfig that says otherwise is a mistake. The block
+    # size is not among them: no weight depends on K (the block's slots share every projection), so a K = 8 draft
+    # continues at K = 4 and the continued draft serves at the run's K.
+    wanted = {"num_hidden_layers": cfg.num_draft_layers, "mask_token_id": cfg.mask_token_id,
+              "target_layer_ids": cfg.target_layer_ids}
     wrong = [f"{k} {v!r} vs the draft's {getattr(draft_cfg, k)!r}" for k, v in wanted.items()
              if v is not None and v != getattr(draft_cfg, k)]
     if draft_cfg.final_logit_softcapping is not None:

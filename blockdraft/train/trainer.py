@@ -135,6 +135,7 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
         # Before its provenance is replaced by this target's: a draft of another tokenizer or architecture would
         # continue on ids that mean other tokens. Checkpoints without fingerprints (published ones) pass.
         check_against_target(draft_cfg, target.config, target.tokenizer, strict=True)
+        draft_cfg = dataclasses.replace(draft_cfg, block_size=cfg.block_size)
     else:
         mask = choose_mask_token_id(target.tokenizer, target.config, cfg.mask_token_id)
         draft_cfg = DraftConfig.for_target(target.config, cfg.num_draft_layers, cfg.block_size,
