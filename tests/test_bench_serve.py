@@ -23,7 +23,7 @@ from blockdraft.bench.serve_load import Point, client_for, run_point
 from blockdraft.bench.serve_plot import save_plot
 from blockdraft.bench.serve_report import build_document, summary_line
 from blockdraft.bench.serve_servers import DEFAULT, TARGET_ALONE, Endpoint, free_port, ready, started_servers
-from blockdraft.bench.serve_stats import RequestTiming, percentile, summarize_point
+from blockdraft.bench.serve_stats import RequestTiming, over_rounds, percentile, summarize_point
 from blockdraft.bench.serve_sweep import SweepSettings, sweep
 from blockdraft.cli import main
 from blockdraft.server import create_app
@@ -68,6 +68,30 @@ def test_per_user_rate_is_pace_after_the_first_token_and_total_rate_is_everyones
     assert (summary["requests"], summary["completed"], summary["errors"], summary["unfinished"]) == (5, 3, 1, 1)
     assert summary["error_kinds"] == {"429": 1} and summary["first_errors"] == ["HTTP 429: busy"]
     assert summary["e2e_ms"]["p99"] == pytest.approx(5500.0, rel=0.01), "an error's time enters no latency"
+
+
+def test_rounds_are_summarized_by_median_and_range_and_each_ratio_is_within_its_round():
+    settings = SweepSettings((Point(2, concurrency=1),), max_tokens=4, time_limit=10, repeats=3)
+
+    def record(repeat, mode, total):
+        return {"point": "c=1", "repeat": repeat, "mode": mode, "total_tok_s": total, "per_user_tok_s": total / 2,
+                "ttft_ms": {"p50": 10.0 * repeat}, "mean_tau": 1.0, "completed": 2, "requests": 2, "errors": 0,
+                "cut_short": False}
+
+    # Round 2 ran on a slower machine for both modes: within a round the default is 1.10x, 1.05x, 1.20x.
+    records = [record(1, TARGET_ALONE, 100.0), record(1, DEFAULT, 110.0), record(2, DEFAULT, 63.0),
+               record(2, TARGET_ALONE, 60.0), record(3, TARGET_ALONE, 100.0), record(3, DEFAULT, 120.0)]
+    document = build_document(records, settings, hardware=HARDWARE, context={"prompt_set": "test", "prompts": 1})
+    assert [r["vs_target_alone"] for r in document["records"] if r["mode"] == DEFAULT] == [1.1, 1.05, 1.2], (
+        "a round's ratio is against the target alone of the same round, not another round's")
+    default = next(p for p in document["points"] if p["mode"] == DEFAULT)
+    assert default["vs_target_alone"] == 1.1 and default["vs_target_alone_range"] == [1.05, 1.2]
+    assert default["total_tok_s"] == 110.0 and default["total_tok_s_range"] == [63.0, 120.0]
+    assert default["rounds"] == 3 and default["completed"] == 6 and default["ttft_p50_ms"] == 20.0
+    line = json.loads(summary_line(document))
+    assert line["points"]["c=1"][DEFAULT]["vs_target_alone"] == 1.1
+    assert line["points"]["c=1"][DEFAULT]["vs_target_alone_range"] == [1.05, 1.2]
+    assert over_rounds([]) == []
 
 
 def test_a_point_has_one_load_shape():
@@ -117,6 +141,16 @@ def test_sweep_completes_every_request_on_both_modes_and_writes_document_and_plo
     assert set(line["points"]["c=2"]) == {TARGET_ALONE, DEFAULT} and line["points"]["c=1"][DEFAULT]["errors"] == 0
     png = save_plot(document, tmp_path)
     assert png.read_bytes().startswith(b"\x89PNG"), "the Pareto plot must be a PNG"
+
+
+def test_rounds_interleave_and_rotate_the_modes(servers, tmp_path):
+    settings = SweepSettings((Point(2, concurrency=1),), max_tokens=6, time_limit=60, repeats=2)
+    records = sweep([Endpoint(label, url) for label, url in servers.items()], MESSAGES, settings)
+    assert [(r["repeat"], r["mode"]) for r in records] == [(1, TARGET_ALONE), (1, DEFAULT), (2, DEFAULT),
+                                                           (2, TARGET_ALONE)], "each round runs every mode, rotated"
+    document = build_document(records, settings, hardware=HARDWARE, context={"prompt_set": "test", "prompts": 3})
+    assert [p["rounds"] for p in document["points"]] == [2, 2]
+    assert save_plot(document, tmp_path).read_bytes().startswith(b"\x89PNG"), "medians with their range bars"
 
 
 def test_the_command_loads_one_url_and_ends_with_a_json_line(servers, tmp_path, capsys):
@@ -206,7 +240,8 @@ def test_options_that_would_be_ignored_or_measure_nothing_are_refused(tmp_path, 
                            (["--concurrency", "0,2"], "client counts of at least 1"),
                            (["--request-rate", "fast"], "positive requests per second"),
                            (["--requests-per-point", "0"], "at least 1"),
-                           (["--time-limit", "0"], "positive seconds")):
+                           (["--time-limit", "0"], "positive seconds"),
+                           (["--repeats", "0"], "`--repeats` must be at least 1")):
         assert main([*base, *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
 

@@ -3,7 +3,8 @@
 Per-user tok/s (how fast one answer streams) on x, total tok/s (what the server delivers to everyone) on y: one
 line per mode through its points in sweep order, each point annotated with its concurrency or rate. Up and to the
 right is better; a mode whose line lies above and right of another's is better at every load. Each line's name
-stands beside its first point, in its colour, so no legend has to be matched by colour.
+stands beside its first point, in its colour, so no legend has to be matched by colour. With several rounds a
+point is its rounds' medians, with bars over their min-max range.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ def save_plot(document: dict, out_dir: str | Path) -> Path:
 def draw(document: dict):
     figure = agg_figure((9, 6.5))
     axes = figure.subplots()
-    plotted = [r for r in document["records"] if r["per_user_tok_s"] is not None]
+    plotted = [p for p in document["points"] if p["per_user_tok_s"] is not None]
     for mode in document["settings"]["modes"]:
         records = [r for r in plotted if r["mode"] == mode]
         if records:
             _mode_line(axes, mode, records)
     if plotted:
         # From 0, so that distances read as ratios; a fifth more room for the labels right of and above points.
-        axes.set_xlim(0, 1.2 * max(r["per_user_tok_s"] for r in plotted))
-        axes.set_ylim(0, 1.2 * max(r["total_tok_s"] for r in plotted))
+        axes.set_xlim(0, 1.2 * max(p["per_user_tok_s_range"][1] for p in plotted))
+        axes.set_ylim(0, 1.2 * max(p["total_tok_s_range"][1] for p in plotted))
     else:  # every request failed: an empty chart says so instead of drawing nothing silently
         axes.text(0.5, 0.5, "no completed requests to plot (see the errors in bench-serve.json)", ha="center",
                   transform=axes.transAxes)
@@ -48,6 +49,12 @@ def _mode_line(axes, mode: str, records: list[dict]) -> None:
     xs = [r["per_user_tok_s"] for r in records]
     ys = [r["total_tok_s"] for r in records]
     (line,) = axes.plot(xs, ys, marker="o", linewidth=1.8)
+    if any(r["rounds"] > 1 for r in records):  # the rounds' min-max around each median
+        xerr = [[x - r["per_user_tok_s_range"][0] for r, x in zip(records, xs)],
+                [r["per_user_tok_s_range"][1] - x for r, x in zip(records, xs)]]
+        yerr = [[y - r["total_tok_s_range"][0] for r, y in zip(records, ys)],
+                [r["total_tok_s_range"][1] - y for r, y in zip(records, ys)]]
+        axes.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="none", ecolor=line.get_color(), alpha=0.6, capsize=3)
     for r, x, y in zip(records, xs, ys):
         axes.annotate(r["point"] + ("*" if r["cut_short"] else ""), (x, y), xytext=(5, -11),
                       textcoords="offset points", fontsize=8, color=line.get_color())

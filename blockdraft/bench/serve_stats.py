@@ -15,6 +15,9 @@ Terms, fixed here and nowhere else (all times from one monotonic clock, in secon
 - **Total tok/s**: the completion tokens of all completed requests / the point's wall time (first request sent
   to last request ended): what the server delivers to everyone together.
 - **End-to-end latency**: request sent -> last byte of the stream.
+- **Rounds** (`--repeats`): a point runs R rounds per mode, interleaved. A round's **x target alone** is its total
+  tok/s over the target alone's in the same round; a point's numbers over rounds are the **median** (and the
+  min-max range) of its rounds' numbers, its ratio the median of the rounds' ratios.
 - An **error** is a request answered with a non-200 status (429, 5xx, ...), a stream that ended with an error
   event or without `data: [DONE]`, or a connection failure; it counts by kind and enters no timing.
 """
@@ -135,3 +138,29 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
+
+
+ROUND_NUMBERS = {  # what is summarized over rounds: name -> the round's value
+    "total_tok_s": lambda r: r["total_tok_s"], "per_user_tok_s": lambda r: r["per_user_tok_s"],
+    "ttft_p50_ms": lambda r: r["ttft_ms"]["p50"], "vs_target_alone": lambda r: r.get("vs_target_alone"),
+    "mean_tau": lambda r: r.get("mean_tau")}
+
+
+def over_rounds(records: list[dict]) -> list[dict]:
+    """One entry per (point, mode) of the rounds' records, in first-seen order: for each of ROUND_NUMBERS the
+    median over the rounds that have it and its [min, max] range (None where no round has it), the rounds, and
+    the requests completed and sent over all of them."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["point"], r["mode"]), []).append(r)
+    out = []
+    for (point, mode), rounds in groups.items():
+        entry = {"point": point, "mode": mode, "rounds": len(rounds),
+                 "completed": sum(r["completed"] for r in rounds), "requests": sum(r["requests"] for r in rounds),
+                 "errors": sum(r["errors"] for r in rounds), "cut_short": any(r["cut_short"] for r in rounds)}
+        for name, of in ROUND_NUMBERS.items():
+            values = [of(r) for r in rounds if of(r) is not None]
+            entry[name] = round(statistics.median(values), 3) if values else None
+            entry[f"{name}_range"] = [min(values), max(values)] if values else None
+        out.append(entry)
+    return out

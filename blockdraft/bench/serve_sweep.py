@@ -2,9 +2,9 @@
 
 Fairness rules, all in this module:
 1. Every server first answers one short warm-up request, untimed.
-2. Interleaved: for each point every mode runs before the next point starts, and the mode order rotates by one
-   per point (runner.interleaved_order), so machine drift hits every mode alike. One mode runs at a time: two
-   servers on one machine loaded together would share its cores.
+2. Interleaved: for each point every mode runs before the next point starts, `repeats` rounds of it, and the
+   mode order rotates by one per round (runner.interleaved_order), so machine drift hits every mode alike. One
+   mode runs at a time: two servers on one machine loaded together would share its cores.
 3. The same requests everywhere: prompts cycled in the same order, greedy, the same `max_tokens`, and in the
    open loop the same seeded arrival schedule (serve_load.py).
 """
@@ -27,12 +27,15 @@ WARMUP_MAX_TOKENS = 8  # a few decode steps: past first-call costs, seconds at m
 class SweepSettings:
     points: tuple[Point, ...]
     max_tokens: int
-    time_limit: float  # seconds per point and mode
+    time_limit: float  # seconds per point, mode and round
+    repeats: int = 1  # rounds of every point and mode: a point's spread (a few %) against the modes' difference
 
     def __post_init__(self) -> None:
         # An empty sweep or a zero budget would measure nothing and report it as a result.
         if not self.points:
             raise ValueError("a sweep needs at least one point; pass --concurrency or --request-rate values")
+        if self.repeats < 1 or isinstance(self.repeats, bool):
+            raise ValueError(f"repeats must be a whole number >= 1, got {self.repeats!r}; pass --repeats 3")
         if self.max_tokens < 1 or not self.time_limit > 0:
             raise ValueError(f"max_tokens must be >= 1 and time_limit > 0 s, got {self.max_tokens} and "
                              f"{self.time_limit}; pass --max-tokens and --time-limit values above 0")
@@ -40,8 +43,9 @@ class SweepSettings:
 
 def sweep(endpoints: list[Endpoint], prompts: list[list[dict]], settings: SweepSettings, api_key: str | None = None,
           on_progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
-    """Run the sweep (rules above) and return its records in run order: each point's settings, the mode, the
-    served model, whether the time limit cut it short, the mean tau over the point, and serve_stats' numbers."""
+    """Run the sweep (rules above) and return its records in run order: each point's settings, the round
+    (`repeat`, from 1), the mode, the served model, whether the time limit cut it short, the mean tau over the
+    point, and serve_stats' numbers."""
     return asyncio.run(_sweep(endpoints, prompts, settings, api_key, on_progress or (lambda *_: None)))
 
 
@@ -54,11 +58,13 @@ async def _sweep(endpoints, prompts, settings: SweepSettings, api_key, on_progre
             models[label] = await served_model(client)
             # A failed warm-up is not an error of the sweep: the point's requests fail likewise and are counted.
             await stream_chat(client, models[label], prompts[0], min(WARMUP_MAX_TOKENS, settings.max_tokens))
-        total = sum(p.requests for p in settings.points) * len(endpoints)
+        total = sum(p.requests for p in settings.points) * len(endpoints) * settings.repeats
         done, records = 0, []
-        for index, point in enumerate(settings.points):
-            for label in interleaved_order(list(clients), index):  # 2. rotated per point
-                description = f"{point.label}: {label}"
+        rounds = [(point, repeat) for point in settings.points for repeat in range(1, settings.repeats + 1)]
+        for index, (point, repeat) in enumerate(rounds):
+            for label in interleaved_order(list(clients), index):  # 2. rotated per round
+                description = f"{point.label}: {label}" + (f" ({repeat}/{settings.repeats})" if settings.repeats > 1
+                                                           else "")
 
                 def advanced() -> None:
                     nonlocal done
@@ -70,7 +76,7 @@ async def _sweep(endpoints, prompts, settings: SweepSettings, api_key, on_progre
                                       settings.time_limit, on_request=advanced)
                 done += run.unfinished  # the bar counts what the time limit left out as passed
                 records.append({"point": point.label, "concurrency": point.concurrency, "rate": point.rate,
-                                "mode": label, "model": models[label], "cut_short": run.cut_short,
+                                "repeat": repeat, "mode": label, "model": models[label], "cut_short": run.cut_short,
                                 "mean_tau": run.mean_tau,
                                 **summarize_point(run.timings, run.wall_seconds, run.unfinished)})
         return records

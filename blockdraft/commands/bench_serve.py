@@ -48,8 +48,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests-per-point", type=int, default=None, metavar="M",
                         help=f"requests each point sends to each server (default: max({MIN_REQUESTS}, 2c) at "
                              f"concurrency c, max({MIN_REQUESTS}, {RATE_SECONDS}R) at rate R)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="R",
+                        help="rounds of every point and mode, interleaved; reported as medians with their min-max "
+                             "range (one point's rounds differ by a few %%: use 3 or more to compare modes)")
     parser.add_argument("--time-limit", type=float, default=300.0, metavar="SECONDS",
-                        help="most seconds a point runs on one server; requests still running then are cancelled "
+                        help="most seconds a point's round runs on one server; requests still running then are cancelled "
                              "and the point is reported as cut short")
     parser.add_argument("--out", type=Path, default=Path("bench-serve-out"),
                         help="folder for bench-serve.json, bench-serve.png and the started servers' logs")
@@ -82,7 +85,9 @@ def run(args) -> int:
     if not args.time_limit > 0 or not args.startup_timeout > 0:
         raise InputError(f"`--time-limit` and `--startup-timeout` must be positive seconds, got {args.time_limit} "
                          f"and {args.startup_timeout}")
-    settings = SweepSettings(points(args), args.max_tokens, args.time_limit)
+    if args.repeats < 1:
+        raise InputError(f"`--repeats` must be at least 1, got {args.repeats}; pass e.g. --repeats 3")
+    settings = SweepSettings(points(args), args.max_tokens, args.time_limit, args.repeats)
     if args.url is not None:
         refuse_server_options(args)
     # Prompts first: a wrong set name or a bad file line fails in milliseconds, before any server starts.
