@@ -34,7 +34,7 @@ import torch
 
 from .costs import CostModel
 from ..io.ngrams import RUN as TABLE_RUN, NgramTable
-from .policy import AdaptiveWidth, budgeted_interval
+from .policy import FADE, AdaptiveWidth, budgeted_interval
 
 
 MAX_NGRAM = 16  # how far back a shared suffix ranks occurrences (below: measured gains stopped by 12-16)
@@ -199,12 +199,18 @@ class PromptLookup:
             if len(self._planned) > 256:
                 self._planned.clear()
             self._planned[key] = self._plan_graft(policy, draft_policy, width, available, rows, whole)
-        best, interval = self._planned[key]
-        return whole if self.since_graft >= interval else best
+        best, interval, (tree_gain, whole_seconds, best_rate) = self._planned[key]
+        if self.since_graft < interval or whole == best:
+            return best
+        # A whole-run re-try only where the run could win at an optimistic acceptance (policy.py, `could_win`),
+        # its counts faded over the steps since the last graft.
+        optimistic = tree_gain + policy.optimistic_gain(whole + 1, fade=FADE ** self.since_graft) - 1
+        return whole if optimistic / whole_seconds > best_rate else best
 
     def _plan_graft(self, policy, draft_policy, width: int, available: int, rows: int,
-                    whole: int) -> tuple[int, float]:
-        """(the graft length with the most expected tokens per second, steps between whole-run re-tries)."""
+                    whole: int) -> tuple[int, float, tuple[float, float, float]]:
+        """(the graft length with the most expected tokens per second, steps between whole-run re-tries, and for
+        judging a re-try: the tree's E, a whole run's step seconds, the best length's tokens per second)."""
         cost = draft_policy.seconds_per_position()
         drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
         # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
@@ -222,7 +228,8 @@ class PromptLookup:
         best = max(lengths, key=lambda m: tokens(m) / step_time(m))
         # Seconds a whole-run graft loses against the best length producing the same expected tokens.
         lost = step_time(whole) - tokens(whole) / tokens(best) * step_time(best)
-        return best, budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget)
+        interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget)
+        return best, interval, (tree_gain, step_time(whole), tokens(best) / step_time(best))
 
     def observe_graft(self, graft: int, accepted: list[int]) -> None:
         """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""

@@ -25,7 +25,10 @@ cannot predict) this settles on w = 1, the target's own speed, and it re-tries
 the runner-up width every `explore_every` steps so it notices when drafting pays again; every `explore_close`
 steps while the runner-up is expected within `close` (10 %) of the best (a draft near break-even must not stay
 switched off for a whole answer because its last estimate fell just short). Either interval is stretched where
-a re-try would cost more than `explore_budget` (2 %) of the decode time.
+a re-try would cost more than `explore_budget` (2 %) of the decode time. And a re-try runs only where the width
+could win at an optimistic acceptance (`could_win`): each estimate's upper confidence bound, from counts that fade
+while nothing is observed. Where the draft is far from paying, as at 8 or 16 rows of a cheap CPU step, re-tries
+then wait until the fading evidence leaves room for doubt instead of spending the budget.
 
 Every policy has the same protocol (`WidthPolicy`): `at_batch(rows)`, `choose() -> width`, and
 `observe(width, num_accepted, within=None)`.
@@ -91,6 +94,15 @@ def budgeted_interval(interval: float, lost: float, best_seconds: float, budget:
     return max(interval, lost / (budget * best_seconds))
 
 
+UCB_LOG = 3.0  # ln(1/delta), delta = 0.05: the Hoeffding bound's one-sided miss rate
+FADE = 0.97  # per step without an observation: the weight left of the counts when judging a re-try
+
+
+def upper_bound(mean: float, count: float, span: float = 1.0) -> float:
+    """Hoeffding's upper confidence bound on a mean of `count` observations within [0, span]."""
+    return mean + span * (UCB_LOG / (2.0 * count)) ** 0.5
+
+
 class AdaptiveWidth:
     """The width with the most expected tokens per second, from this decode's acceptance and the cost model.
 
@@ -115,6 +127,7 @@ class AdaptiveWidth:
         self.last_explored = 0  # step of the last re-try of a width that was not the best
         self.explorations = 0
         self.steps = 0
+        self.last_observed = 0  # step of the last observation (a drafted step): the counts fade from there
         # What `gains` and `choose` derive from the counts, kept until the counts change (`_changed`): a plain step
         # changes nothing, and a decode that stopped drafting asks the same question at every step.
         self._memo: dict = {}
@@ -168,20 +181,46 @@ class AdaptiveWidth:
         return max(self.rate(w, gain) for w in self.widths)
 
     def choose(self) -> int:
-        best, explore, interval, may_pay = self._memoized(("plan", self.rows, self.explorations), self._plan)
+        best, explore, runner_up, interval, may_pay = self._memoized(("plan", self.rows, self.explorations),
+                                                                     self._plan)
         if self.steps < self.opening and may_pay:
             return self.widths[-1]  # the widest step tells what every narrower width would have accepted
         if self.steps - self.last_explored >= interval:
             # Re-try the runner-up, the width most likely to take over: while plain steps win, only a drafting
-            # step can tell that the draft has started to hit.
+            # step can tell that the draft has started to hit. Not where it could not win even optimistically:
+            # asked again after another interval, when the counts have faded further.
             self.last_explored = self.steps
+            explore = next((w for w in (explore, runner_up) if self.could_win(w, best)), None)
+            if explore is None:
+                return best
             self.explorations += 1
             return explore
         return best
 
-    def _plan(self) -> tuple[int, int, float, bool]:
-        """(best width, the width a re-try would take, steps between re-tries, whether some drafted width may pay)
-        at the counts, batch size and re-tries so far."""
+    def fading(self) -> float:
+        """The weight left of the counts, for judging a re-try: FADE per step since the last observation."""
+        return FADE ** (self.steps - self.last_observed)
+
+    def optimistic_gain(self, width: int, fade: float | None = None) -> float:
+        """E(width) at each slot's upper confidence bound, prior counts included, the counts weighted by `fade`
+        (default: `fading()`)."""
+        reach, total, fade = 1.0, 1.0, self.fading() if fade is None else fade
+        for alpha, reached in zip(self.alpha().tolist()[: width - 1], self.reached.tolist()):
+            reach *= min(1.0, upper_bound(alpha, fade * reached + self.prior_strength))
+            total += reach
+        return total
+
+    def could_win(self, width: int, best: int) -> bool:
+        """Whether `width` at an optimistic acceptance beats `best` at the expected one (by the drafting margin):
+        whether a re-try of it can tell anything that would change the choice."""
+        if width == best:
+            return False
+        optimistic = self.optimistic_gain(width) / self.step_seconds(width)
+        return optimistic > self.rate(best) * (self.margin if width > 1 else 1.0)
+
+    def _plan(self) -> tuple[int, int, int, float, bool]:
+        """(best width, the width a re-try would take, the runner-up (a re-try's second choice), steps between
+        re-tries, whether some drafted width may pay) at the counts, batch size and re-tries so far."""
         gain = self.gains()
 
         def score(w: int) -> float:  # drafting must win by `margin`: a near-tie is not worth a wider verify
@@ -193,7 +232,7 @@ class AdaptiveWidth:
         # Seconds one re-try loses against the best width producing the same expected tokens.
         lost = self.step_seconds(explore) - float(gain[explore - 1] / gain[best - 1]) * self.step_seconds(best)
         interval = budgeted_interval(interval, lost, self.step_seconds(best), self.explore_budget)
-        return best, explore, interval, self._may_pay(gain)
+        return best, explore, ranked[1], interval, self._may_pay(gain)
 
     def _may_pay(self, gain: torch.Tensor) -> bool:
         """Whether some drafted width beats a plain step at the acceptance known so far (asked during the opening:
@@ -211,6 +250,8 @@ class AdaptiveWidth:
         """One step of `width` ran; row r accepted num_accepted[r] of its width-1 proposals."""
         self.steps += 1
         self.record(width, num_accepted)
+        if width > 1:
+            self.last_observed = self.steps
 
     def record(self, width: int, num_accepted: list[int]) -> None:
         """Row r accepted num_accepted[r] of the width-1 proposals it was given."""
@@ -234,8 +275,9 @@ class TreeWidth(AdaptiveWidth):
     accept less), through the same prior as the chain's slots.
     """
 
-    def __init__(self, max_width: int, costs: CostModel, **kwargs) -> None:
+    def __init__(self, max_width: int, costs: CostModel, slots: int | None = None, **kwargs) -> None:
         super().__init__(max_width, costs, **kwargs)
+        self.slots = max_width - 1 if slots is None else slots  # the deepest a node can be: the draft's K - 1
         self.accepted_sum = torch.zeros(max_width, dtype=torch.float64)  # decayed sum of accepted guesses
         self.observed = torch.zeros(max_width, dtype=torch.float64)  # decayed count of rows observed
 
@@ -257,11 +299,19 @@ class TreeWidth(AdaptiveWidth):
         widest = self.widths[-1]
         return widest if count % 2 and ranked[0] != widest else ranked[1]
 
+    def optimistic_gain(self, width: int, fade: float | None = None) -> float:
+        """E(width) at the upper confidence bound of its mean accepted guesses (0 to the tree's depth a row),
+        the counts weighted by `fade` (default: `fading()`)."""
+        mean, deepest = float(self.gains()[width - 1]) - 1, float(min(width - 1, self.slots))
+        rows = (self.fading() if fade is None else fade) * float(self.observed[width - 1]) + self.prior_strength
+        return 1 + min(deepest, upper_bound(mean, rows, span=deepest))
+
     def observe(self, width: int, num_accepted: list[int], within: dict[int, list[int]] | None = None) -> None:
         """One step of `width` ran; within[w][r]: guesses row r's first w nodes accepted."""
         self.steps += 1
         if width == 1:
             return
+        self.last_observed = self.steps
         within = within or {width: num_accepted}
         self._changed()
         self.accepted_sum *= self.decay
@@ -275,5 +325,5 @@ def make_policy(block_size: int, adaptive: bool, costs: CostModel | None = None,
     """A fresh policy: adaptive (AdaptiveWidth; TreeWidth over 1..2K nodes for a tree), or the full block (K
     slots or K nodes)."""
     if adaptive and block_size > 1:
-        return TreeWidth(2 * block_size, costs) if tree else AdaptiveWidth(block_size, costs)
+        return TreeWidth(2 * block_size, costs, slots=block_size - 1) if tree else AdaptiveWidth(block_size, costs)
     return FixedWidth(block_size)
