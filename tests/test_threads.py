@@ -24,14 +24,21 @@ def test_a_passing_thread_takes_its_openmp_team_with_it():
     # thread count where it was; the same product on the main thread leaves its team behind (the control: a
     # helper that ran fn on the caller's thread would fail the first assert).
     script = textwrap.dedent("""
-        import os, torch
+        import os, time, torch
         from blockdraft.threads import on_passing_thread
         torch.set_num_threads(2)
         a = torch.randn(1024, 1024)
         count = lambda: len(os.listdir("/proc/self/task"))
+
+        def settled(want):  # threads told to exit leave /proc a moment later, on a busy machine up to seconds
+            deadline = time.monotonic() + 20
+            while count() != want and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return count()
+
         before = count()
         on_passing_thread(lambda: a @ a)
-        passing = count()
+        passing = settled(before)
         a @ a
         print(before, passing, count())
     """)
