@@ -2,7 +2,8 @@
 and what several test modules share (training data and checkpoints, the server, exact sampling, width policies).
 
 Fixtures here reach every test module without an import; plain helpers and constants are imported with
-`from conftest import ...`. No test module imports from another.
+`from conftest import ...`, exact sampling's statistics from `exact_sampling`. No test module imports from
+another.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pytest
 import torch
 
 from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.lookup import PromptLookup
 from blockdraft.model.target import Target
-from blockdraft.sampling import SamplingParams, logits_to_probs
 
 if TYPE_CHECKING:
     from blockdraft.model.draft import DFlashDraftModel
@@ -403,14 +402,8 @@ def http_status(client, path: str) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Exact sampling (test_sampling_decode, test_lookup): a tiny vocabulary whose joint over a few tokens is
-# enumerable, the target's exact joint, and a chi-square test of sampled counts against it
-
-ALPHA = 0.01
-SMALL_VOCAB = 6  # joint of 3 tokens = 216 cells: enumerable, and thousands of rows fill them
-NUM_TOKENS = 3
-NUM_ROWS = 8000
-
+# Exact sampling (test_sampling_decode, test_lookup, test_ngrams): the models; the statistics are in
+# exact_sampling.py
 
 @pytest.fixture(scope="module")
 def small_models() -> tuple[Target, DFlashDraftModel]:
@@ -419,6 +412,8 @@ def small_models() -> tuple[Target, DFlashDraftModel]:
 
     from blockdraft.config import DraftConfig
     from blockdraft.model.draft import DFlashDraftModel
+
+    from exact_sampling import SMALL_VOCAB
 
     torch.manual_seed(0)
     hf_config = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -432,54 +427,3 @@ def small_models() -> tuple[Target, DFlashDraftModel]:
     draft = DFlashDraftModel(cfg)
     draft.init_weights(generator=torch.Generator().manual_seed(1))
     return target, draft.float().eval()
-
-
-@torch.inference_mode()
-def exact_joint(target: Target, prompt: list[int], params: SamplingParams, num_tokens: int) -> np.ndarray:
-    """P(t1..tn | prompt) for every continuation, flat [V**n] in lexicographic order, from plain HF forwards.
-
-    p(t1..tn) = prod_i p(t_i | prompt, t1..t_(i-1)), each factor the same logits_to_probs transform the decode
-    loop applies, over the model's own forward rather than blockdraft's cached one: an independent oracle.
-    """
-    V = target.config.vocab_size
-    joint = torch.ones(1, dtype=torch.float64)  # [V**i]: probability of each length-i prefix
-    prefixes = torch.tensor([prompt])  # [V**i, P + i]
-    for _ in range(num_tokens):
-        probs = logits_to_probs(target.model(prefixes).logits[:, -1], params).double()  # [V**i, V]
-        joint = (joint[:, None] * probs).reshape(-1)
-        grown = prefixes.repeat_interleave(V, dim=0)
-        prefixes = torch.cat([grown, torch.arange(V).repeat(prefixes.shape[0])[:, None]], dim=1)
-    return joint.numpy()
-
-
-def goodness_of_fit(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square p-value of counts against exact probabilities; cells expecting < 5 are pooled into one."""
-    from scipy.stats import chisquare
-
-    # A sample in a cell the filters give probability 0 is a bug whatever the statistics say.
-    impossible = counts[probs == 0].sum()
-    assert impossible == 0, f"{impossible} samples have probability 0 under the target's filtered distribution"
-    expected = probs / probs.sum() * counts.sum()
-    big = expected >= 5
-    observed, wanted = list(counts[big]), list(expected[big])
-    pooled_observed, pooled_expected = counts[~big].sum(), expected[~big].sum()
-    if pooled_expected >= 5:
-        observed.append(pooled_observed)
-        wanted.append(pooled_expected)
-    elif pooled_expected > 0:  # too little to stand alone: join the smallest kept cell
-        smallest = int(np.argmin(wanted))
-        observed[smallest] += pooled_observed
-        wanted[smallest] += pooled_expected
-    return float(chisquare(observed, wanted).pvalue)
-
-
-def final_draw_from_p(p, tokens, parents, generator=None):
-    """Wrong: the token after the deepest accepted node drawn from p instead of the residual without the
-    rejected guesses, so a rejected guess can come back and the tree's tokens are over-weighted."""
-    from blockdraft.sampling.tree import deepest_node
-    from blockdraft.sampling import sample
-    from blockdraft.sampling.tree import tree_sample
-
-    ok, _ = tree_sample(p, tokens, parents, generator)
-    deepest = deepest_node(ok)
-    return ok, sample(p[torch.arange(p.shape[0]), deepest], generator)

@@ -15,8 +15,9 @@ from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
 
-from conftest import (ALPHA, COSTS, NUM_ROWS, NUM_TOKENS, AlternatingLookup, CyclingWidth, ScriptedDrafter,
-                      exact_joint, final_draw_from_p, goodness_of_fit, own_proposer, proposer, tiny_draft, tiny_target)
+from conftest import (COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, own_proposer, proposer, tiny_draft,
+                      tiny_target)
+from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit
 
 # Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]

@@ -20,7 +20,8 @@ from blockdraft.decode.selection import Selector
 from blockdraft.errors import CheckpointError
 from blockdraft.sampling import SamplingParams
 
-from conftest import ALPHA, COSTS, NUM_TOKENS, exact_joint, goodness_of_fit, own_proposer, tiny_draft, tiny_target
+from conftest import COSTS, own_proposer, tiny_draft, tiny_target
+from exact_sampling import ALPHA, NUM_TOKENS, exact_joint, goodness_of_fit
 
 
 def reference_table(sequences, orders, min_count, min_share) -> dict[int, int]:

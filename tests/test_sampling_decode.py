@@ -24,8 +24,8 @@ from blockdraft.sampling import (
     sample_from_uniforms,
 )
 
-from conftest import (ALPHA, NUM_ROWS, NUM_TOKENS, CyclingWidth, exact_joint, final_draw_from_p, goodness_of_fit,
-                      own_proposer, proposer)
+from conftest import CyclingWidth, own_proposer, proposer
+from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit
 
 SMALL_PROMPT = [3, 0, 4, 2]
 
