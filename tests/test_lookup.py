@@ -146,6 +146,28 @@ def test_graft_length_follows_what_grafted_runs_are_worth():
         assert expected[0] <= steps <= expected[1], f"budget {budget}: re-grafted after {steps} steps"
 
 
+def test_a_re_try_that_cannot_win_is_asked_again_only_after_another_interval():
+    # A whole run costs 50 ms a position on top of an 11 ms plain step: even 8 tokens a step would not beat a
+    # plain step's 1 in 11 ms, so no re-try ever can win. Once one is due, the question (a loop over the slots'
+    # confidence bounds) is asked once an interval, as the width policy asks, not at every step after.
+    costs = linear_costs(plain=0.011, draft=0.0, per_position=0.05)
+    draft = make_policy(4, True, costs, tree=True)
+    for width in draft.widths:
+        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
+    lookup = PromptLookup(4, costs)
+    for _ in range(100):
+        lookup.observe_graft(7, [0])
+    asked = []
+    original = lookup.policy.optimistic_gain
+    lookup.policy.optimistic_gain = lambda *args, **kwargs: asked.append(1) or original(*args, **kwargs)
+    lookup.explore_budget = 1.0  # the interval is explore_every (16)
+    steps = 320
+    for _ in range(steps):
+        lookup.observe_graft(0, [])
+        assert lookup.graft_length(draft, 1, 7) == 0, "a re-try that cannot win must not run"
+    assert 1 <= len(asked) <= steps // lookup.explore_every, f"asked {len(asked)} times in {steps} steps"
+
+
 def test_a_graft_onto_a_plain_step_of_a_batch_is_priced_as_a_drafted_step():
     # Plain steps 11 ms; drafting costs 20 ms more; 1 ms per verified position. A run that gets 0.6 tokens
     # accepted pays alone (one row: 1.6 tokens in 12 ms against 1 in 11) but not in a batch, whose rows are

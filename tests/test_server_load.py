@@ -98,7 +98,9 @@ def test_request_timeout_ends_queued_and_streamed_requests_and_frees_their_rows(
 
 def test_a_client_that_leaves_mid_stream_frees_its_row(model, monkeypatch):
     """The row of a client that disconnects leaves the decode at the next step, and /metrics shows it."""
-    committed = slowed(monkeypatch, 0.1)  # 300 tokens take 4 s at least (8 per step)
+    # 300 tokens take 11 s at least (8 a step): on a busy machine the row must not finish between two reads of
+    # the gauge.
+    committed = slowed(monkeypatch, 0.3)
     app = create_app(*model, model_id=MODEL, max_tokens_limit=400)
     with loopback(app) as client:
         with httpx.Client(base_url=str(client.base_url), timeout=60) as leaving:

@@ -122,6 +122,7 @@ class PromptLookup:
         self.explore_every, self.explore_budget = explore_every, explore_budget
         self.since_graft = 0  # tree steps that declined a graft since the last one
         self._planned: dict = {}  # graft_length's choice by what it depends on (`_plan_graft`)
+        self._declined: dict = {}  # by source policy: `since_graft` when a due re-try could not win
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""
@@ -200,12 +201,16 @@ class PromptLookup:
                 self._planned.clear()
             self._planned[key] = self._plan_graft(policy, draft_policy, width, available, rows, whole)
         best, interval, (tree_gain, whole_seconds, best_rate) = self._planned[key]
-        if self.since_graft < interval or whole == best:
+        if self.since_graft < self._declined.get(policy, 0) + interval or whole == best:
             return best
         # A whole-run re-try only where the run could win at an optimistic acceptance (policy.py, `could_win`),
-        # its counts faded over the steps since the last graft.
+        # its counts faded over the steps since the last graft; where it cannot, asked again after another
+        # interval, as the width policy does, not at every step until it can.
         optimistic = tree_gain + policy.optimistic_gain(whole + 1, fade=FADE ** self.since_graft) - 1
-        return whole if optimistic / whole_seconds > best_rate else best
+        if optimistic / whole_seconds > best_rate:
+            return whole
+        self._declined[policy] = self.since_graft
+        return best
 
     def _plan_graft(self, policy, draft_policy, width: int, available: int, rows: int,
                     whole: int) -> tuple[int, float, tuple[float, float, float]]:
@@ -235,6 +240,7 @@ class PromptLookup:
         """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""
         self.since_graft = 0 if graft else self.since_graft + 1
         if graft:
+            self._declined.clear()
             self.current.record(graft + 1, accepted)
             self.steps += 1
 
