@@ -131,3 +131,47 @@ def test_a_joining_prompts_ids_join_the_proposal_vocabulary():
     rows = torch.randn(3, target.config.hidden_size)
     assert torch.allclose(drafter.extra_head(rows).float(), target.logits(rows)[:, [50, 60, 70]], atol=1e-5), \
         "the extra head scores exactly the extra ids, in active_ids' order"
+
+
+def test_pending_features_stay_as_wide_as_a_row_however_long_the_batch_runs(monkeypatch):
+    """A batch that never drafts (every step plain, as at a wide batch on a CPU) keeps each row's tapped features
+    for the draft's next step. Rows come and go for as long as a server is busy: the buffer must stay as wide as
+    the longest row's context, not grow by a position every step."""
+    import blockdraft.decode.generate as generate_module
+
+    from conftest import own_proposer
+
+    class PlainOnly:
+        def at_batch(self, rows) -> None:
+            pass
+
+        def choose(self) -> int:
+            return 1
+
+        def observe(self, width, num_accepted, within=None) -> None:
+            pass
+
+    target = tiny_target("llama")
+    guesses = own_proposer(target, tiny_draft(target, block_size=4), PlainOnly())
+    widths, real = [], generate_module.step
+
+    def step(state, *args):
+        widths.append(state.pending.shape[1])
+        return real(state, *args)
+
+    monkeypatch.setattr(generate_module, "step", step)
+    queue, live = [LATER[i % len(LATER)] for i in range(40)], [len(FIRST)]
+
+    def admit(room: int) -> list[Admission]:  # a row joins as one leaves: two rows all along
+        if not queue or live[0] >= 2:
+            return []
+        live[0] += 1
+        return [Admission(queue.pop(), 6)]
+
+    rows = 0
+    for event in stream(target, guesses, FIRST, max_new_tokens=6, stop_token_ids=[], admit=admit, room=32):
+        rows = max(rows, event.row + 1)
+        live[0] -= event.finish_reason is not None
+    assert rows == 42 and len(widths) > 100
+    longest = max(len(p) for p in FIRST + LATER) + 6
+    assert max(widths) <= longest, f"pending grew to {max(widths)} positions; no row has more than {longest}"

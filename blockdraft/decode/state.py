@@ -102,9 +102,9 @@ class DecodeState:
         self.prompt_lengths = self.prompt_lengths[rows]
         self.lengths = self.lengths[rows]
         self.row_ids = self.row_ids[rows]
-        if self.pending is not None:
-            self.pending = self.pending[rows]
         self.pending_counts = self.pending_counts[rows]
+        if self.pending is not None:  # as wide as the longest row's entries (`stack_pending`)
+            self.pending = self.pending[rows, : pending_width(self.pending_counts)]
 
     def add_rows(self, other: "DecodeState") -> None:
         """Append the live rows of `other`, a state built with first_row = len(self.results) and prefilled on its
@@ -124,12 +124,20 @@ class DecodeState:
 
 
 def stack_pending(a: torch.Tensor | None, a_counts: torch.Tensor, b: torch.Tensor | None, b_counts: torch.Tensor):
-    """Rows of pending features a [A, P, F] then b [B, Q, F], padded to the longer -> ([A+B, max(P, Q), F], counts)."""
+    """Rows of pending features a [A, P, F] then b [B, Q, F] -> ([A+B, W, F], counts), W the most entries of a row.
+
+    Plain steps widen the buffer by a position each while rows come and go (join_pending), so a batch that runs
+    plain for as long as a server is busy would grow it without end if row changes did not cut it back."""
     counts = torch.cat([a_counts, b_counts])
     if a is None or b is None:  # a drafter that taps no features (a test double): only counts to keep
         return None, counts
-    width = max(a.shape[1], b.shape[1])
-    pad = [x if x.shape[1] == width else torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], x.shape[2])], 1)
-           for x in (a, b.to(a.dtype))]
+    width = pending_width(counts)
+    pad = [x[:, :width] if x.shape[1] >= width else
+           torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], x.shape[2])], 1) for x in (a, b.to(a.dtype))]
     return torch.cat(pad), counts
+
+
+def pending_width(counts: torch.Tensor) -> int:
+    """The most pending entries of a row, from counts [B] (0 for no rows)."""
+    return int(counts.max()) if counts.numel() else 0
 

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import secrets
 import threading
+import weakref
 from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from ..decode.generate import Admission
 from ..decode.options import DecodeOptions
 from ..metrics import AcceptanceStats
 from ..sampling import SamplingParams
+from .outbox import Outbox
 from .prometheus import ServerMetrics
 from .warmup import Warmup
 
@@ -76,7 +78,7 @@ class Job:
     """One request's row: its input, and the channel that carries its events back to the event loop."""
 
     def __init__(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, outbox: Outbox | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.max_tokens = max_tokens
@@ -85,6 +87,7 @@ class Job:
         self.seed = None if sampling.greedy else (sampling.seed if sampling.seed is not None else secrets.randbits(63))
         self.coupled = DecodeOptions(sampling=sampling).coupled  # what the sampler "auto" picks (see above)
         self.loop = loop
+        self.outbox = Outbox(loop) if outbox is None else outbox  # the worker's, shared by the loop's jobs
         self.events: asyncio.Queue = asyncio.Queue()
         self.sent = 0  # tokens sent so far (worker thread only)
         self.done = False  # finished or failed (worker thread only)
@@ -118,7 +121,7 @@ class Job:
         if self.cancelled:
             return
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.outbox.put(self.events, event)
         except RuntimeError:  # the request's event loop is closed: nobody is listening any more
             self.cancelled = True
 
@@ -130,6 +133,7 @@ class Worker:
         self.block_size = decoder.block_size()
         self.max_batch = max_batch
         self.max_queue = max_queue
+        self._outboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # by event loop
         # Every batch decodes with the decoder's options (adaptive token trees with lookups grafted on, unless the
         # server was started otherwise) and fresh width policies: a request's widths follow its own acceptance
         # and the cost model measured once (in this thread, warmup.py), never what earlier requests did, so the
@@ -186,7 +190,11 @@ class Worker:
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams) -> Job:
         """Queue one request (call it on the event loop that will read the job's events). Raises Closed while
         shutting down and QueueFull when `max_queue` requests are waiting."""
-        job = Job(request_id, prompt, max_tokens, sampling, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            outbox = self._outboxes[loop] = Outbox(loop)
+        job = Job(request_id, prompt, max_tokens, sampling, loop, outbox)
         with self._ready:
             if self._closed:
                 raise Closed(self.warmup.error or "the server is shutting down")
