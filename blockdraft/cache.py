@@ -38,8 +38,10 @@ class KVCache:
 
     def __init__(self, num_layers, batch, kv_heads, capacity, head_dim, dtype, device) -> None:
         shape = (batch, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # keys/values are views of the first B rows of these; rows past B are room that `add_rows` fills first.
+        self._held_keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._held_values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys, self.values = list(self._held_keys), list(self._held_values)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # [B]
 
     @property
@@ -99,18 +101,45 @@ class KVCache:
         self.lengths = lengths.clone()
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop every row not in `rows` [B'] (finished rows stop costing compute)."""
-        self.keys = [k[rows] for k in self.keys]
-        self.values = [v[rows] for v in self.values]
-        self.lengths = self.lengths[rows]
+        """Drop every row not in `rows` [B'] (finished rows stop costing compute).
+
+        Rows kept in ascending order (a decode's live rows) move down in place over the dropped ones, and only
+        their slots below the longest kept length (the rest is stale: masked, then overwritten); rows before the
+        first dropped one do not move. A whole-capacity copy of every layer would cost about 5 % of a 16-row
+        decode whose rows come and go. The dropped rows' memory stays, as room for `add_rows`."""
+        kept = rows.tolist()
+        if any(b <= a for a, b in zip(kept, kept[1:])):  # another order: gathered into new tensors
+            self._held_keys = self.keys = [k[rows] for k in self.keys]
+            self._held_values = self.values = [v[rows] for v in self.values]
+            self.lengths = self.lengths[rows]
+            return
+        lengths = self.lengths[rows]
+        first = next((j for j, row in enumerate(kept) if row != j), len(kept))  # the first row that moves
+        if first < len(kept):
+            used = int(lengths.max())
+            source, dest = rows[first:], torch.arange(first, len(kept), device=rows.device)
+            for tensor in (*self.keys, *self.values):
+                tensor[dest, :, :used] = tensor[source, :, :used]
+        self.keys = [k[: len(kept)] for k in self._held_keys]
+        self.values = [v[: len(kept)] for v in self._held_values]
+        self.lengths = lengths
 
     def add_rows(self, other: "KVCache") -> None:
-        """Append the rows of `other` (same layers, heads, capacity and dtype) after this cache's rows."""
+        """Append the rows of `other` (same layers, heads, capacity and dtype) after this cache's rows: into the
+        room dropped rows left (their slots below `other`'s longest length), else into new tensors."""
         if other.capacity != self.capacity or len(other.keys) != len(self.keys):
             raise ValueError(f"cannot join a cache of {len(other.keys)} layers x {other.capacity} slots to one of "
                              f"{len(self.keys)} x {self.capacity}")
-        self.keys = [torch.cat([a, b]) for a, b in zip(self.keys, other.keys)]
-        self.values = [torch.cat([a, b]) for a, b in zip(self.values, other.values)]
+        B, n = self.keys[0].shape[0], other.keys[0].shape[0]
+        if self._held_keys[0].shape[0] >= B + n:
+            used = int(other.lengths.max()) if n else 0
+            for held, new in zip((*self._held_keys, *self._held_values), (*other.keys, *other.values)):
+                held[B: B + n, :, :used] = new[:, :, :used]
+            self.keys = [k[: B + n] for k in self._held_keys]
+            self.values = [v[: B + n] for v in self._held_values]
+        else:
+            self._held_keys = self.keys = [torch.cat([a, b]) for a, b in zip(self.keys, other.keys)]
+            self._held_values = self.values = [torch.cat([a, b]) for a, b in zip(self.values, other.values)]
         self.lengths = torch.cat([self.lengths, other.lengths])
 
 

@@ -359,11 +359,14 @@ def streamed_text(payloads, chat: bool) -> str:
     return "".join(key(choice) for p in payloads for choice in p["choices"])
 
 
-def wait_for(condition, timeout: float = 60.0) -> None:
-    """Poll `condition` until it holds; fail after `timeout` seconds."""
+def wait_for(condition, timeout: float = 60.0, describe=None) -> None:
+    """Poll `condition` until it holds; fail after `timeout` seconds, saying `describe()` (what was seen last)."""
     deadline = time.monotonic() + timeout
+    polls = 0
     while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for the server"
+        polls += 1
+        assert time.monotonic() < deadline, (f"timed out waiting for the server after {polls} polls"
+                                             + (f": {describe()}" if describe is not None else ""))
         time.sleep(0.01)
 
 

@@ -106,9 +106,12 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(model, monkeypatch):
         with httpx.Client(base_url=str(client.base_url), timeout=60) as leaving:
             with leaving.stream("POST", TEXT, json=text_body("bye", max_tokens=300, stream=True)) as response:
                 next(response.iter_lines())  # may come before the worker takes the row: wait for the row
-                wait_for(lambda: gauge(client, "blockdraft_active_rows") == 1, timeout=60)
+                wait_for(lambda: gauge(client, "blockdraft_active_rows") == 1, timeout=60,
+                         describe=lambda: f"active rows {gauge(client, 'blockdraft_active_rows')}, "
+                                          f"{sum(committed)} tokens decoded, {len(committed)} events")
         # The connection is closed (the response was not read to its end).
-        wait_for(lambda: gauge(client, "blockdraft_active_rows") == 0, timeout=60)
+        wait_for(lambda: gauge(client, "blockdraft_active_rows") == 0, timeout=60,
+                 describe=lambda: f"active rows {gauge(client, 'blockdraft_active_rows')}")
         decoded = sum(committed)
         time.sleep(0.5)
         assert sum(committed) == decoded, "the decode went on after its only row was freed"
