@@ -123,13 +123,19 @@ def test_greedy_output_with_lookup_runs_grafted_onto_trees_is_the_targets(family
         assert lookup.steps > 0 and float(lookup.policy.accepted.sum()) > 0, "grafted tokens must be accepted"
 
 
-def test_graft_length_follows_what_grafted_runs_are_worth():
-    costs = linear_costs(plain=0.011, draft=0.0, per_position=0.001)  # 10 ms a step, 1 ms per verified position
+def missing_tree(costs):
+    """A tree width policy (K = 4) that has seen every width accept nothing."""
     draft = make_policy(4, True, costs, tree=True)
-    lookup = PromptLookup(4, costs)
-    assert lookup.graft_length(FixedWidth(4), 4, 5) == 5, "a fixed-width draft policy cannot price it: the whole run"
     for width in draft.widths:
         draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
+    return draft
+
+
+def test_graft_length_follows_what_grafted_runs_are_worth():
+    costs = linear_costs(plain=0.011, draft=0.0, per_position=0.001)  # 10 ms a step, 1 ms per verified position
+    draft = missing_tree(costs)
+    lookup = PromptLookup(4, costs)
+    assert lookup.graft_length(FixedWidth(4), 4, 5) == 5, "a fixed-width draft policy cannot price it: the whole run"
     for _ in range(30):
         lookup.observe_graft(7, [7])
     assert lookup.graft_length(draft, 1, 7) == 7, "runs that always hit are grafted whole"
@@ -151,9 +157,7 @@ def test_a_re_try_that_cannot_win_is_asked_again_only_after_another_interval():
     # plain step's 1 in 11 ms, so no re-try ever can win. Once one is due, the question (a loop over the slots'
     # confidence bounds) is asked once an interval, as the width policy asks, not at every step after.
     costs = linear_costs(plain=0.011, draft=0.0, per_position=0.05)
-    draft = make_policy(4, True, costs, tree=True)
-    for width in draft.widths:
-        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
+    draft = missing_tree(costs)
     lookup = PromptLookup(4, costs)
     for _ in range(100):
         lookup.observe_graft(7, [0])
@@ -173,9 +177,7 @@ def test_a_graft_onto_a_plain_step_of_a_batch_is_priced_as_a_drafted_step():
     # accepted pays alone (one row: 1.6 tokens in 12 ms against 1 in 11) but not in a batch, whose rows are
     # filled up by the draft (1.6 tokens in 32 ms).
     costs = linear_costs(plain=0.011, draft=0.020, per_position=0.001)
-    draft = make_policy(4, True, costs, tree=True)
-    for width in draft.widths:
-        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
+    draft = missing_tree(costs)
     lookup = PromptLookup(4, costs)
     for _ in range(30):
         lookup.observe_graft(1, [1, 0, 1, 1, 0])
@@ -199,9 +201,7 @@ def test_runs_are_looked_up_only_when_a_graft_may_pay():
             return super().runs(tokens, lengths)
 
     costs = linear_costs(plain=0.011, draft=0.0, per_position=0.001)
-    draft = make_policy(4, True, costs, tree=True)
-    for width in draft.widths:
-        draft.observe(width, [0], within={w: [0] for w in draft.widths if 1 < w <= width})
+    draft = missing_tree(costs)
     state = DecodeState([[1, 2, 3, 1, 2]], 32, 8, {0}, torch.device("cpu"))
     lookup = Counting(4, costs)
     proposer = TreeProposer(SimpleNamespace(tap_layer_ids=(), block_size=4), draft, lookup)
