@@ -25,10 +25,10 @@ def draw(document: dict):
     figure = agg_figure((9, 6.5))
     axes = figure.subplots()
     plotted = [p for p in document["points"] if p["per_user_tok_s"] is not None]
-    for mode in document["settings"]["modes"]:
+    for index, mode in enumerate(document["settings"]["modes"]):
         records = [r for r in plotted if r["mode"] == mode]
         if records:
-            _mode_line(axes, mode, records)
+            _mode_line(axes, mode, records, index)
     if plotted:
         # From 0, so that distances read as ratios; a fifth more room for the labels right of and above points.
         axes.set_xlim(0, 1.2 * max(p["per_user_tok_s_range"][1] for p in plotted))
@@ -45,7 +45,7 @@ def draw(document: dict):
     return figure
 
 
-def _mode_line(axes, mode: str, records: list[dict]) -> None:
+def _mode_line(axes, mode: str, records: list[dict], index: int) -> None:
     xs = [r["per_user_tok_s"] for r in records]
     ys = [r["total_tok_s"] for r in records]
     (line,) = axes.plot(xs, ys, marker="o", linewidth=1.8)
@@ -59,6 +59,7 @@ def _mode_line(axes, mode: str, records: list[dict]) -> None:
         axes.annotate(r["point"] + ("*" if r["cut_short"] else ""), (x, y), xytext=(5, -11),
                       textcoords="offset points", fontsize=8, color=line.get_color())
     # The mode's name beside its lightest-load point, in its colour: the line's label without a legend. Modes
-    # lie furthest apart there (at high load every mode's total tends to the machine's limit), so names rarely meet.
-    axes.annotate(mode, (xs[0], ys[0]), xytext=(6, 6), textcoords="offset points", fontsize=11,
+    # lie furthest apart there (at high load every mode's total tends to the machine's limit); where their points
+    # meet anyway (a sweep of high loads only), the names stand one above the other, never on top of each other.
+    axes.annotate(mode, (xs[0], ys[0]), xytext=(6, 6 + 16 * index), textcoords="offset points", fontsize=11,
                   fontweight="bold", color=line.get_color())
