@@ -1,8 +1,10 @@
 """Training sequences a minute with the target run at every step, against features read from the store, in one
-process on the same data and settings (stage 9's recipe: 2 layers, K=8, 96 anchors, standardized features, KD
-0.5 over the proposal vocabulary, bf16 autocast where bf16 is native).
+process on the same data and settings. Two recipes (`--recipe`): `stage9`, the shipped draft's (2 layers, K=8, 96
+anchors, standardized features, KD 0.5 over the proposal vocabulary), and `k4`, the one the A/B at equal CPU time
+kept (the same but K=4, gamma 4, plain cross-entropy: no teacher pass); bf16 autocast where bf16 is native.
 
     python benchmarks/train_throughput.py --data datasets/smollm2-135m-instruct/gpu-a --sequences 96 --steps 10
+    python benchmarks/train_throughput.py --data datasets/smollm2-135m-instruct/gpu-a --recipe k4
 
 The first `--sequences` examples of the folder are copied into a scratch folder; each arm trains `--steps`
 optimizer steps of 8 sequences from the shipped draft, timed from the end of its first step (one-off costs
@@ -36,6 +38,7 @@ def main() -> int:
     parser.add_argument("--sequences", type=int, default=96)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--recipe", choices=("stage9", "k4"), default="stage9")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -56,7 +59,9 @@ def main() -> int:
                 eval_every=10**6, val_fraction=0.0, seed=12, mask_token_id=16, target_layer_ids=(1, 27),
                 init_from=str(DEFAULT_DRAFT), standardize_features=True, kd_weight=0.5, proposal_vocab=True,
                 cpu_autocast=cpu_paths().native_bf16)
-    taps = (1, 27, target.num_layers - 1)  # the draft's, and the final layer for KD's teacher
+    if args.recipe == "k4":
+        base.update(block_size=4, gamma=4.0, kd_weight=0.0)
+    taps = (1, 27) if args.recipe == "k4" else (1, 27, target.num_layers - 1)  # KD's teacher: the final layer
     start = time.perf_counter()
     built = build_store(target, scratch / "data", taps)
     build_seconds = time.perf_counter() - start
@@ -66,12 +71,13 @@ def main() -> int:
         results[name] = {"seconds": round(seconds, 2), "steps": steps, "sequences_per_minute": round(
             steps * base["batch_size"] * 60 / seconds, 1)}
     ratio = results["feature store"]["sequences_per_minute"] / results["target every step"]["sequences_per_minute"]
-    print(f"{describe_line('cpu', target.dtype)}; {args.sequences} sequences of {args.data}, {args.steps} steps of 8")
+    print(f"{describe_line('cpu', target.dtype)}; recipe {args.recipe}; {args.sequences} sequences of {args.data}, "
+          f"{args.steps} steps of 8")
     for name, r in results.items():
         print(f"  {name:18s} {r['sequences_per_minute']:7.1f} sequences/min ({r['steps']} steps in {r['seconds']} s)")
     print(f"  feature store / target every step: {ratio:.2f}x; the store's build: {build_seconds:.1f} s for "
           f"{built['sequences']} sequences ({built['tokens']:,} tokens), once per data folder")
-    print(json.dumps({"results": results, "ratio": round(ratio, 3), "build_seconds": round(build_seconds, 1),
+    print(json.dumps({"recipe": args.recipe, "results": results, "ratio": round(ratio, 3), "build_seconds": round(build_seconds, 1),
                       "built": built}))
     return 0
 
