@@ -132,3 +132,22 @@ def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="busier machine"):
         assert measured_costs(target, drafter, True, rows=1) == stale, \
             "a cache is never replaced on a timing: the same request keeps its text"
+
+
+@pytest.mark.measured_costs
+def test_a_cache_that_prices_only_a_batch_wrong_is_named(tmp_path, monkeypatch):
+    # Measured while other jobs ran: one row priced right (here: faster than any step now), 2 rows 9 s a step.
+    import blockdraft.decode.measure as generate
+    from blockdraft.decode.costs import CostModel, cost_key
+
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(generate, "_COSTS", {})
+    target = tiny_target("llama")
+    target.name = "tiny-test-target"
+    drafter = Drafter(tiny_draft(target, block_size=4), target)
+    widths = {2: 1e-6, 4: 1e-6, 8: 1e-6}
+    cached = CostModel({1: 1e-6, 2: 9.0}, {1: dict(widths), 2: dict(widths)})
+    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), cached)
+    with pytest.warns(UserWarning, match="a plain step of 2 rows at 9000.0 ms"):
+        assert measured_costs(target, drafter, True, rows=2) == cached, "warned, and still the cache decides"
+

@@ -146,10 +146,12 @@ def test_graft_length_follows_what_grafted_runs_are_worth():
     # than the exploration budget. Here a whole run costs 7 ms on top of the 11 ms plain step, for a few
     # hundredths of a token more (the misses' decayed estimate): about 6 ms lost, at 2 % of the decode time one
     # in 6 / (0.02 * 11) ~ 28 steps.
-    for budget, expected in ((1.0, (16, 16)), (0.02, (25, 32))):
+    # In a batch the rows share the budget (policy.budgeted_interval): 4 rows re-graft a quarter as often.
+    for budget, rows, expected in ((1.0, 1, (16, 16)), (0.02, 1, (25, 32)), (0.02, 4, (100, 128))):
         lookup.explore_budget, lookup.since_graft = budget, 0
-        steps = next(n for n in range(1, 200) if (lookup.observe_graft(0, []), lookup.graft_length(draft, 1, 7))[1])
-        assert expected[0] <= steps <= expected[1], f"budget {budget}: re-grafted after {steps} steps"
+        steps = next(n for n in range(1, 400)
+                     if (lookup.observe_graft(0, []), lookup.graft_length(draft, 1, 7, rows=rows))[1])
+        assert expected[0] <= steps <= expected[1], f"budget {budget}, {rows} rows: re-grafted after {steps} steps"
 
 
 def test_a_re_try_that_cannot_win_is_asked_again_only_after_another_interval():

@@ -236,15 +236,32 @@ def test_re_tries_stay_within_their_time_budget():
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_no_budget_is_spent_where_drafting_is_far_from_paying(tree):
     # 8 rows of an int4 target on a CPU (measured): width 2 costs 1.92 plain steps, 16 nodes 10. A draft accepting
-    # 35 % cannot pay there; re-tries run only once the faded counts leave room for doubt, and cost under half
-    # the 2 % budget that re-tries at fixed intervals spend (the widest tree, 8 tokens at most, is never tried).
+    # 35 % cannot pay there; re-tries run only once the faded counts leave room for doubt, and within the budget
+    # the 8 rows share: a width-2 chain every couple of hundred steps, trees every few thousand (the widest tree,
+    # 8 tokens at most, is never tried).
     ratios = {2: 1.92, 4: 3.05, 8: 5.54, 16: 10.03}
     costs = CostModel({8: 1.0}, {8: ratios})
     policy = TreeWidth(16, costs, slots=7) if tree else AdaptiveWidth(8, costs)
-    chosen = simulate_at(policy, 8, 2000, 0.35)[100:]
+    chosen = simulate_at(policy, 8, 8000, 0.35)[100:]
     lost = sum(ratios[w] - 1 for w in chosen if w > 1)
     assert 16 not in chosen and lost <= 0.01 * len(chosen), f"re-tries cost {lost:.1f} of {len(chosen)} steps"
     assert any(w > 1 for w in chosen), "still re-tried now and then"
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_the_rows_of_a_batch_share_the_re_try_budget(tree):
+    # Steps that cost the same relative to a plain step at 1 row and at 8: a re-try of 8 rows observes 8 rows, so
+    # the 8 rows' re-tries may cost 2 % / 8 of the decode time (with a budget for the batch: 0.7 % here).
+    ratios = {2: 1.5, 4: 2.0, 8: 3.0, 16: 5.0}
+    costs = CostModel({1: 1.0, 8: 1.0}, {1: ratios, 8: ratios})
+    retries = {}
+    for rows in (1, 8):
+        policy = TreeWidth(16, costs, slots=7) if tree else AdaptiveWidth(8, costs)
+        chosen = simulate_at(policy, rows, 6000, 0.0)[100:]
+        retries[rows] = sum(w > 1 for w in chosen)
+        lost = sum(ratios[w] - 1 for w in chosen if w > 1)  # they accept nothing: every re-try is lost time
+        assert lost <= 0.02 / rows * len(chosen) * 1.1, f"{rows} rows: re-tries cost {lost:.1f} of {len(chosen)} steps"
+    assert 0 < retries[8] < retries[1], f"re-tries at 1 and 8 rows: {retries}"
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])

@@ -104,3 +104,20 @@ def test_a_failed_measurement_is_reported_and_refuses_requests(model, monkeypatc
         assert "injected timing failure" in health.json()["error"] and "restart" in health.json()["error"]
         refused = client.post(TEXT, json=text_body())
         assert refused.status_code == 503 and "injected timing failure" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["cached", "measure-costs"])
+def test_measure_costs_measures_the_servers_buckets_again(model, monkeypatch, again):
+    # `serve --measure-costs` after a first start on a busy machine: every bucket is measured afresh, not read.
+    asked = []
+
+    def recording(target, drafter, tree, rows, fresh=False):
+        asked.append((rows, fresh))
+        return linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
+
+    monkeypatch.setattr(decoder_module, "measured_costs", recording)
+    app = create_app(*model, model_id=MODEL, max_batch=4, measure_costs=again)
+    with TestClient(app) as client:
+        wait_for(lambda: app.state.worker.warmup.done)
+        assert client.post(TEXT, json=text_body("Fresh", max_tokens=4)).status_code == 200
+    assert asked and all(fresh == again for _, fresh in asked), f"asked {asked}"

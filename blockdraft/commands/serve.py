@@ -37,6 +37,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM or Ctrl-C, refuse new requests (503) and let running ones finish for up "
                              "to this long before ending them; then exit 0 (default: 30)")
+    parser.add_argument("--measure-costs", action="store_true",
+                        help="measure the step costs that price adaptive widths again while warming, replacing the "
+                             "cached ones (do this once after a first start on a busy machine)")
 
 
 def run(args) -> int:
@@ -73,7 +76,7 @@ def run(args) -> int:
                       "(output is exact, acceptance is near 1)[/yellow]")
     app = create_app(target, draft, api_key=args.api_key, max_batch=args.max_batch,
                      max_tokens_limit=args.max_tokens_limit, max_queue=args.max_queue,
-                     request_timeout=args.request_timeout,
+                     request_timeout=args.request_timeout, measure_costs=args.measure_costs,
                      options=replace(PRESETS["chain"] if args.fixed_block else DecodeOptions(), window=window))
     mode = "target alone" if draft is None else f"speculative, K={draft.config.block_size}"
     console.print(f"serving {target.name or 'the target'} ({mode}) on http://{args.host}:{args.port}/v1; step costs "

@@ -8,7 +8,8 @@ batch-size bucket before the first decode that needs them (`measure_costs`), and
 disk (`cache_root()/costs`, one JSON file per key), keyed by the target, the draft, dtype, device, threads and
 torch version: the same request then chooses the same widths in every run on that machine. Each width is priced
 by its fastest step, which other jobs on the machine cannot make look slower; a cache read from disk is checked
-against a few plain steps timed at load and, where it no longer fits, a warning says so (`stale_cache_note`).
+against a few plain steps timed at load at every batch size the decode may take and, where it no longer fits, a
+warning says so (`stale_cache_note`).
 `--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model of their
 own (`linear_costs`).
 
@@ -189,15 +190,16 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
 STALE_RATIO = 1.5
 
 
-def stale_cache_note(cached_plain: float, probe: list[float]) -> str | None:
-    """A line saying the cached costs no longer fit this machine when its plain step `cached_plain` is STALE_RATIO
-    times the fastest of `probe` (plain steps timed now), else None. A cache is never replaced on a timing: the
-    same request keeps giving the same text until the user measures again."""
+def stale_cache_note(cached_plain: float, probe: list[float], rows: int = 1) -> str | None:
+    """A line saying the cached costs no longer fit this machine when its plain step of `rows` rows
+    `cached_plain` is STALE_RATIO times the fastest of `probe` (such steps timed now), else None. A cache is never
+    replaced on a timing: the same request keeps giving the same text until the user measures again."""
     now = min(probe)
     if cached_plain <= STALE_RATIO * now:
         return None
-    return (f"the cached step costs price a plain step at {cached_plain * 1e3:.1f} ms, but it takes {now * 1e3:.1f} "
-            "ms now (measured on a busier machine?): speculation may be priced wrong; run once with --measure-costs")
+    step = "a plain step" if rows == 1 else f"a plain step of {rows} rows"
+    return (f"the cached step costs price {step} at {cached_plain * 1e3:.1f} ms, but it takes {now * 1e3:.1f} ms "
+            "now (measured on a busier machine?): speculation may be priced wrong; run once with --measure-costs")
 
 
 def read_cached(folder: Path, key: str) -> CostModel | None:

@@ -176,7 +176,7 @@ class PromptLookup:
         a batch the rows are filled up with draft nodes (step.py), so it costs a drafted step of 1 + m nodes.
         A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step
         without a graft, so that a lookup that starts to hit is noticed, or less often where that re-measurement
-        would cost more than `explore_budget` of the decode time.
+        would cost more than `explore_budget` of the decode time (shared by a batch's rows, as the width policy's).
         """
         return self._length(self.current, draft_policy, width, available, rows)
 
@@ -233,7 +233,7 @@ class PromptLookup:
         best = max(lengths, key=lambda m: tokens(m) / step_time(m))
         # Seconds a whole-run graft loses against the best length producing the same expected tokens.
         lost = step_time(whole) - tokens(whole) / tokens(best) * step_time(best)
-        interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget)
+        interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget, rows)
         return best, interval, (tree_gain, step_time(whole), tokens(best) / step_time(best))
 
     def observe_graft(self, graft: int, accepted: list[int]) -> None:

@@ -25,7 +25,8 @@ cannot predict) this settles on w = 1, the target's own speed, and it re-tries
 the runner-up width every `explore_every` steps so it notices when drafting pays again; every `explore_close`
 steps while the runner-up is expected within `close` (10 %) of the best (a draft near break-even must not stay
 switched off for a whole answer because its last estimate fell just short). Either interval is stretched where
-a re-try would cost more than `explore_budget` (2 %) of the decode time. And a re-try runs only where the width
+a re-try would cost more than `explore_budget` (2 %) of the decode time, shared by the rows of a batch (2 % / r at
+r rows: a re-try observes every row). And a re-try runs only where the width
 could win at an optimistic acceptance (`could_win`): each estimate's upper confidence bound, from counts that fade
 while nothing is observed. Where the draft is far from paying, as at 8 or 16 rows of a cheap CPU step, re-tries
 then wait until the fading evidence leaves room for doubt instead of spending the budget.
@@ -88,10 +89,14 @@ def candidate_widths(block_size: int) -> list[int]:
     return sorted(widths)
 
 
-def budgeted_interval(interval: float, lost: float, best_seconds: float, budget: float) -> float:
+def budgeted_interval(interval: float, lost: float, best_seconds: float, budget: float, rows: int = 1) -> float:
     """Steps between re-tries: at least `interval`, and enough that one costing `lost` seconds (against the best
-    choice's expected tokens) takes at most `budget` of the decode time, best steps taking `best_seconds`."""
-    return max(interval, lost / (budget * best_seconds))
+    choice's expected tokens) takes at most `budget / rows` of the decode time, best steps taking `best_seconds`.
+
+    A re-try in a batch of `rows` rows observes every row at once: sharing the budget among the rows buys the same
+    evidence per step at every batch size (a re-try r times as rare tells as much), where one budget for the batch
+    would spend it r times over on evidence the width policy pools."""
+    return max(interval, lost * rows / (budget * best_seconds))
 
 
 UCB_LOG = 3.0  # ln(1/delta), delta = 0.05: the Hoeffding bound's one-sided miss rate
@@ -231,7 +236,7 @@ class AdaptiveWidth:
         interval = self.explore_close if score(ranked[1]) >= self.close * score(best) else self.explore_every
         # Seconds one re-try loses against the best width producing the same expected tokens.
         lost = self.step_seconds(explore) - float(gain[explore - 1] / gain[best - 1]) * self.step_seconds(best)
-        interval = budgeted_interval(interval, lost, self.step_seconds(best), self.explore_budget)
+        interval = budgeted_interval(interval, lost, self.step_seconds(best), self.explore_budget, self.rows)
         return best, explore, ranked[1], interval, self._may_pay(gain)
 
     def _may_pay(self, gain: torch.Tensor) -> bool:

@@ -45,15 +45,17 @@ READY_WAIT_SECONDS = 2.0  # how long startup waits for cached step costs, so a w
 
 def create_app(target, draft, *, model_id: str | None = None, api_key: str | None = None, max_batch: int = 8,
                max_tokens_limit: int = 4096, max_body_bytes: int = 1 << 20, max_queue: int = 64,
-               request_timeout: float | None = None, options: DecodeOptions | None = None) -> FastAPI:
+               request_timeout: float | None = None, options: DecodeOptions | None = None,
+               measure_costs: bool = False) -> FastAPI:
     """The server app for one target (and draft, or None for the target alone); the worker runs in its lifespan.
 
     `options` is how every request decodes (decode/options.py; None: the defaults, adaptive token trees with
     lookups grafted on); each request brings its own sampling parameters. At most `max_queue` requests wait for
     a row; `request_timeout` (seconds, None: no limit) ends a request not finished by then, and frees its row.
-    The step costs are measured in the worker thread after startup (warmup.py), so the app is built at once.
+    The step costs are measured in the worker thread after startup (warmup.py), so the app is built at once;
+    `measure_costs` measures them again instead of reading the cached ones.
     """
-    service = Service(Decoder(target, draft, options), model_id=model_id, api_key=api_key, max_batch=max_batch,
+    service = Service(Decoder(target, draft, options, measure_costs=measure_costs), model_id=model_id, api_key=api_key, max_batch=max_batch,
                       max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes, max_queue=max_queue,
                       request_timeout=request_timeout)
 
