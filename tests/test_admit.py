@@ -156,7 +156,7 @@ def test_pending_features_stay_as_wide_as_a_row_however_long_the_batch_runs(monk
     widths, real = [], generate_module.step
 
     def step(state, *args):
-        widths.append(state.pending.shape[1])
+        widths.append(state.pending.features.shape[1])
         return real(state, *args)
 
     monkeypatch.setattr(generate_module, "step", step)

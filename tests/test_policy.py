@@ -119,46 +119,6 @@ def test_adaptive_greedy_is_exact_and_reports_its_steps():
             assert s.stats.steps == sum(s.stats.histogram) and s.stats.plain_steps <= s.stats.steps
 
 
-def test_join_pending_appends_each_rows_entries():
-    from blockdraft.decode.step import join_pending
-
-    old = torch.tensor([[[1.0], [2.0], [0.0]], [[5.0], [0.0], [0.0]]])  # counts 2 and 1 (0 is padding)
-    new = torch.tensor([[[3.0], [9.0]], [[6.0], [7.0]]])  # counts 1 and 2
-    joined, counts = join_pending(old, torch.tensor([2, 1]), new, torch.tensor([1, 2]))
-    assert counts.tolist() == [3, 3]
-    assert joined[0, :3, 0].tolist() == [1, 2, 3] and joined[1, :3, 0].tolist() == [5, 6, 7]
-
-
-@pytest.mark.parametrize("rows", [1, 2])
-def test_join_pending_grows_in_place_and_keeps_every_rows_entries(rows):
-    """Many joins of ragged rows (as plain steps append them) equal one join of everything, and after the first
-    they reuse one buffer instead of copying what came before."""
-    from blockdraft.decode.step import join_pending, pending_room
-
-    generator = torch.Generator().manual_seed(0)
-    pending, counts = torch.zeros(2, 1, 3), torch.tensor([1, 0])  # two rows: the scatter; one row: a slice copy
-    pending[0, 0] = 1.0
-    expected = [[pending[0, 0].clone()], []]
-    storages = set()
-    if rows == 1:
-        pending, counts = pending[:1], counts[:1]
-    for step in range(100):
-        Q = 1 + step % 3
-        new_counts = torch.tensor([1 + step % Q, Q])[:rows]  # row 0 keeps fewer than it is given
-        new = torch.randn(rows, Q, 3, generator=generator)
-        pending, counts = join_pending(pending, counts, new, new_counts)
-        for b in range(rows):
-            expected[b] += list(new[b, : int(new_counts[b])])
-        storages.add(pending.untyped_storage().data_ptr())
-        assert pending_room(pending) >= pending.shape[1]
-    for b in range(rows):
-        assert int(counts[b]) == len(expected[b])
-        assert torch.equal(pending[b, : len(expected[b])], torch.stack(expected[b]))
-    assert len(storages) <= 4  # the buffer doubles: a few copies for 100 joins, not one each
-    assert pending_room(torch.zeros(2, 5, 3)) == 5 and pending_room(torch.zeros(2, 9, 3)[:, :4]) == 4
-    assert pending_room(pending[[0]]) == pending.shape[1]  # rows kept by indexing are a fresh tensor
-
-
 @pytest.mark.parametrize("with_lookup", [False, True], ids=["plain-steps", "plain-and-lookup-steps"])
 def test_draft_context_after_plain_steps_equals_a_fresh_one(with_lookup):
     """Plain and lookup steps defer the draft's context; the next proposal must see exactly the committed prefix."""

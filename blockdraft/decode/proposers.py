@@ -106,7 +106,7 @@ class ChainProposer:
             self.lookup.steps += 1
             return chain(anchors, guesses, q, drafted=False, lookup=True)
         # The draft runs all K slots, as trained; the head scores only the w-1 guesses this step verifies.
-        self.drafter.append_context(state.pending, state.pending_counts)
+        self.drafter.append_context(state.pending.features, state.pending.counts)
         logits = self.drafter.propose(anchors, s, slots=width - 1)  # [B, w-1, V]
         ahead = s[:, None] + 1 + torch.arange(width - 1, device=s.device)  # [B, w-1]: the guesses' positions
         guesses, q = selector.propose(logits, anchors, state.row_ids, ahead)  # [B, w-1], [B, w-1, V] or None
@@ -144,7 +144,7 @@ class TreeProposer:
         drafted = width > 1 or (graft > 0 and B > 1)
         candidates = None
         if drafted:
-            self.drafter.append_context(state.pending, state.pending_counts)
+            self.drafter.append_context(state.pending.features, state.pending.counts)
             K = self.drafter.block_size
             slots = K - 1 if graft > 0 and B > 1 else min(K - 1, width - 1)
             ahead = s[:, None] + 1 + torch.arange(slots, device=s.device)  # [B, n]: the slots' positions

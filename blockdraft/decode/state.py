@@ -13,6 +13,7 @@ from numbers import Integral
 import torch
 
 from ..metrics import AcceptanceStats
+from .pending import Pending
 
 
 @dataclass
@@ -40,8 +41,7 @@ class DecodeState:
         self.budgets = [0] * first_row + budgets
         self.stop_ids = frozenset(stop_ids)
         self.results = [RowResult() for _ in range(first_row + B)]
-        self.pending: torch.Tensor | None = None  # [B, P, L*D] tapped features not yet in the draft cache
-        self.pending_counts: torch.Tensor | None = None  # [B] real entries of `pending` per row
+        self.pending: Pending | None = None  # tapped features not yet in the draft cache (set by the prefill)
         self.target_cache = None  # the target's KVCache for these rows, set by the decode loop
 
     @property
@@ -102,9 +102,7 @@ class DecodeState:
         self.prompt_lengths = self.prompt_lengths[rows]
         self.lengths = self.lengths[rows]
         self.row_ids = self.row_ids[rows]
-        self.pending_counts = self.pending_counts[rows]
-        if self.pending is not None:  # as wide as the longest row's entries (`stack_pending`)
-            self.pending = self.pending[rows, : pending_width(self.pending_counts)]
+        self.pending.keep_rows(rows)  # as wide as the longest kept row's entries
 
     def add_rows(self, other: "DecodeState") -> None:
         """Append the live rows of `other`, a state built with first_row = len(self.results) and prefilled on its
@@ -118,26 +116,6 @@ class DecodeState:
         self.row_ids = torch.cat([self.row_ids, other.row_ids])
         self.budgets += other.budgets[first:]
         self.results += other.results[first:]
-        self.pending, self.pending_counts = stack_pending(self.pending, self.pending_counts, other.pending,
-                                                         other.pending_counts)
+        self.pending.stack(other.pending)
         self.target_cache.add_rows(other.target_cache)
-
-
-def stack_pending(a: torch.Tensor | None, a_counts: torch.Tensor, b: torch.Tensor | None, b_counts: torch.Tensor):
-    """Rows of pending features a [A, P, F] then b [B, Q, F] -> ([A+B, W, F], counts), W the most entries of a row.
-
-    Plain steps widen the buffer by a position each while rows come and go (join_pending), so a batch that runs
-    plain for as long as a server is busy would grow it without end if row changes did not cut it back."""
-    counts = torch.cat([a_counts, b_counts])
-    if a is None or b is None:  # a drafter that taps no features (a test double): only counts to keep
-        return None, counts
-    width = pending_width(counts)
-    pad = [x[:, :width] if x.shape[1] >= width else
-           torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], x.shape[2])], 1) for x in (a, b.to(a.dtype))]
-    return torch.cat(pad), counts
-
-
-def pending_width(counts: torch.Tensor) -> int:
-    """The most pending entries of a row, from counts [B] (0 for no rows)."""
-    return int(counts.max()) if counts.numel() else 0
 

@@ -13,6 +13,7 @@ import torch
 from ..model.target import Target
 from .proposers import Proposal
 from .selection import Selector
+from .pending import Pending
 from .state import DecodeState
 from ..sampling.tree import accept_path
 from .tree import ancestors
@@ -27,7 +28,7 @@ def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
                          logit_rows=(state.prompt_lengths - 1)[:, None])
     first = selector.first_token(out.logits[:, 0], state.row_ids, state.prompt_lengths)  # [B]
     state.target_cache.crop_to(state.prompt_lengths)
-    state.pending, state.pending_counts = out.features, state.prompt_lengths.clone()
+    state.pending = Pending(out.features, state.prompt_lengths.clone())
     # The first token is the target's own choice, not a speculative step: it is not counted in tau.
     return state.commit(first[:, None], torch.ones_like(first), None)
 
@@ -65,10 +66,11 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
     if features is not None and features.shape[1] > 1:  # the path's tapped features, in depth order [B, P, L*D]
         features = features.gather(1, path[..., None].expand(B, P, features.shape[-1]))
     if proposal.drafted:
-        state.pending, state.pending_counts = features, num_accepted + 1
-    else:  # the draft has not taken in the earlier pending positions yet
-        state.pending, state.pending_counts = join_pending(state.pending, state.pending_counts, features,
-                                                           num_accepted + 1)
+        state.pending = Pending(features, num_accepted + 1)
+    elif N == 1:  # a plain step: one position a row, joined with the next ones later (pending.py)
+        state.pending.add_plain(features)
+    else:  # a lookup block: the draft has not taken in the earlier pending positions yet
+        state.pending.add(features, num_accepted + 1)
     return events
 
 
@@ -90,40 +92,3 @@ def accept(selector: Selector, logits: torch.Tensor, proposal: Proposal, row_ids
     path, num_accepted = accept_path(proposal.tree, ok)
     return path, num_accepted, ok, token
 
-
-def join_pending(old: torch.Tensor, old_counts: torch.Tensor, new: torch.Tensor, new_counts: torch.Tensor):
-    """Append row b's first new_counts[b] entries of new [B, Q, F] after its first old_counts[b] entries of
-    old [B, P, F] -> ([B, P+Q, F], old_counts + new_counts). Entries past a row's count are padding (zeros where
-    nothing was written).
-
-    While the draft sits out (plain steps), every step appends its one position: copying all P positions each time
-    would cost O(P) a step. The result is a view of a buffer with room to spare (`pending_room`), into which
-    the next call writes in place while it has room, so appending costs O(Q), amortized."""
-    if old is None or new is None:  # a drafter that taps no features (a test double): only counts to keep
-        return None, old_counts + new_counts
-    B, P, F = old.shape
-    Q = new.shape[1]
-    room = pending_room(old)
-    if room >= P + Q:
-        out = old.as_strided((B, P + Q, F), old.stride())  # the same buffer, P+Q of its positions
-    else:
-        room = max(2 * (P + Q), 64)
-        buffer = old.new_zeros(B, room, F)  # [B, room, F]
-        buffer[:, :P] = old
-        out = buffer[:, : P + Q]
-    out.pending_room = room  # this view's buffer, for the next join (plain tensors have no such attribute)
-    if B == 1 and out.device.type == "cpu":  # one row: a slice copy, a fifth of a scatter's cost here
-        out[0].narrow(0, int(old_counts[0]), Q).copy_(new[0])
-    else:
-        where = old_counts[:, None] + torch.arange(Q, device=old.device)  # [B, Q]: right after each row's entries
-        # Indexed assignment, not scatter_ along dim 1: on the strided view of a CPU buffer scatter_ took 0.38 ms
-        # for 8 rows of one 1152-wide position (Zen 5), 30x this, and a plain step of the int4 target is 3.6 ms.
-        rows = torch.arange(B, device=old.device)[:, None]  # [B, 1]
-        out[rows, where] = new.to(old.dtype)
-    return out, old_counts + new_counts
-
-
-def pending_room(pending: torch.Tensor) -> int:
-    """Positions that pending [B, P, F] can grow to in place: the room of the buffer that join_pending made it a
-    view of, else exactly P (any other tensor, e.g. a step's features or rows kept by indexing)."""
-    return getattr(pending, "pending_room", pending.shape[1])
