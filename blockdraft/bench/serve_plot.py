@@ -55,8 +55,11 @@ def _mode_line(axes, mode: str, records: list[dict], index: int) -> None:
         yerr = [[y - r["total_tok_s_range"][0] for r, y in zip(records, ys)],
                 [r["total_tok_s_range"][1] - y for r, y in zip(records, ys)]]
         axes.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="none", ecolor=line.get_color(), alpha=0.6, capsize=3)
+    # Point names below and right of the first mode's points, above and left of the second's: at high load the
+    # modes' points meet, and names on the same side would print over each other.
+    offset, align = ((5, -11), "left") if index % 2 == 0 else ((-5, 6), "right")
     for r, x, y in zip(records, xs, ys):
-        axes.annotate(r["point"] + ("*" if r["cut_short"] else ""), (x, y), xytext=(5, -11),
+        axes.annotate(r["point"] + ("*" if r["cut_short"] else ""), (x, y), xytext=offset, ha=align,
                       textcoords="offset points", fontsize=8, color=line.get_color())
     # The mode's name beside its lightest-load point, in its colour: the line's label without a legend. Modes
     # lie furthest apart there (at high load every mode's total tends to the machine's limit); where their points
