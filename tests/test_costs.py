@@ -117,8 +117,9 @@ def test_a_cache_from_a_busier_machine_is_named_and_kept():
     assert stale_cache_note(0.010, [0.030]) is None, "a busy machine now does not make the cache wrong"
 
 
-@pytest.mark.measured_costs
-def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
+def cached_for_a_tiny_target(tmp_path, monkeypatch, cached):
+    """A named tiny target and its K = 4 drafter, with `cached` written as their step costs' disk cache (and the
+    process's memory of cost models emptied): what a decode finds on a machine that measured before."""
     import blockdraft.decode.measure as generate
     from blockdraft.decode.costs import cost_key
 
@@ -127,8 +128,14 @@ def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
     target = tiny_target("llama")
     target.name = "tiny-test-target"
     drafter = Drafter(tiny_draft(target, block_size=4), target)
+    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), cached)
+    return target, drafter
+
+
+@pytest.mark.measured_costs
+def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
     stale = linear_costs(plain=9.0, draft=9.0, per_position=9.0, buckets=(1,))  # measured on a busy machine
-    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), stale)
+    target, drafter = cached_for_a_tiny_target(tmp_path, monkeypatch, stale)
     with pytest.warns(UserWarning, match="busier machine"):
         assert measured_costs(target, drafter, True, rows=1) == stale, \
             "a cache is never replaced on a timing: the same request keeps its text"
@@ -137,17 +144,10 @@ def test_a_stale_cache_warns_at_load_and_still_decides(tmp_path, monkeypatch):
 @pytest.mark.measured_costs
 def test_a_cache_that_prices_only_a_batch_wrong_is_named(tmp_path, monkeypatch):
     # Measured while other jobs ran: one row priced right (here: faster than any step now), 2 rows 9 s a step.
-    import blockdraft.decode.measure as generate
-    from blockdraft.decode.costs import CostModel, cost_key
+    from blockdraft.decode.costs import CostModel
 
-    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
-    monkeypatch.setattr(generate, "_COSTS", {})
-    target = tiny_target("llama")
-    target.name = "tiny-test-target"
-    drafter = Drafter(tiny_draft(target, block_size=4), target)
     widths = {2: 1e-6, 4: 1e-6, 8: 1e-6}
     cached = CostModel({1: 1e-6, 2: 9.0}, {1: dict(widths), 2: dict(widths)})
-    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), cached)
+    target, drafter = cached_for_a_tiny_target(tmp_path, monkeypatch, cached)
     with pytest.warns(UserWarning, match="a plain step of 2 rows at 9000.0 ms"):
         assert measured_costs(target, drafter, True, rows=2) == cached, "warned, and still the cache decides"
-
