@@ -149,5 +149,7 @@ def test_a_cache_that_prices_only_a_batch_wrong_is_named(tmp_path, monkeypatch):
     widths = {2: 1e-6, 4: 1e-6, 8: 1e-6}
     cached = CostModel({1: 1e-6, 2: 9.0}, {1: dict(widths), 2: dict(widths)})
     target, drafter = cached_for_a_tiny_target(tmp_path, monkeypatch, cached)
+    # Read for one row (as a warming server reads it), the cache still prices later 2-row batches: it is probed.
     with pytest.warns(UserWarning, match="a plain step of 2 rows at 9000.0 ms"):
-        assert measured_costs(target, drafter, True, rows=2) == cached, "warned, and still the cache decides"
+        assert measured_costs(target, drafter, True, rows=1).buckets() == {1, 2}, "the whole cache is read"
+    assert measured_costs(target, drafter, True, rows=2) == cached, "warned, and still the cache decides"

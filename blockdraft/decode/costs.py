@@ -8,7 +8,7 @@ batch-size bucket before the first decode that needs them (`measure_costs`), and
 disk (`cache_root()/costs`, one JSON file per key), keyed by the target, the draft, dtype, device, threads and
 torch version: the same request then chooses the same widths in every run on that machine. Each width is priced
 by its fastest step, which other jobs on the machine cannot make look slower; a cache read from disk is checked
-against a few plain steps timed at load at every batch size the decode may take and, where it no longer fits, a
+against a few plain steps timed at load at every batch size it holds and, where it no longer fits, a
 warning says so (`stale_cache_note`).
 `--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model of their
 own (`linear_costs`).

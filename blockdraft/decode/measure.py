@@ -38,7 +38,7 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     if key_on_disk is not None and not set(buckets) <= model.buckets():
         cached = read_cached(folder, key_on_disk)
         if cached is not None:
-            _check_cached(cached, target, drafter, tree, buckets)
+            _check_cached(cached, target, drafter, tree)
         model.update(cached or CostModel())
     missing = [b for b in buckets if b not in model.buckets()]
     if missing:
@@ -50,11 +50,12 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     return model
 
 
-def _check_cached(cached: CostModel, target: Target, drafter: Drafter, tree: bool, buckets: list[int]) -> None:
-    """Warn where the cache's plain step of any batch size the decode may take (`buckets`) is far slower than a
-    few timed now (costs.stale_cache_note). Every bucket is probed: a measurement taken while other jobs ran can
-    price one row right and a batch wrong (2 rows at 12.3 ms against 7.3 timed on the quiet machine, found)."""
-    for bucket in sorted(set(buckets) & set(cached.plain)):
+def _check_cached(cached: CostModel, target: Target, drafter: Drafter, tree: bool) -> None:
+    """Warn where the cache's plain step of any batch size is far slower than a few timed now
+    (costs.stale_cache_note). Every cached bucket is probed, since the whole cache is kept once read (a server
+    reads it for its first 1-row bucket and prices every later batch from it): a measurement taken while other jobs
+    ran can price one row right and a batch wrong (2 rows at 12.3 ms against 7.3 timed on the quiet machine)."""
+    for bucket in sorted(cached.plain):
         probe = _timed_steps(target, drafter, tree, bucket, 1, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
         note = stale_cache_note(cached.plain[bucket], probe, rows=bucket) if probe else None
         if note:
