@@ -3,7 +3,8 @@
     python benchmarks/tau_vs_data.py [--out benchmarks/smollm2-tau-vs-data.png]
 
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
-last; hollow points are continuations that were measured and not shipped (each from stage 9). x: the CPU-hours of
+last; hollow points are continuations that were measured and not shipped (each from stage 9); the star is stage 10,
+7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's CPU-hours (it added none). x: the CPU-hours of
 training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
 response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
 HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
@@ -35,6 +36,10 @@ NOT_SHIPPED = [
     # 100 minutes beside other work; the shipped draft measured 1.514 / 1.342 in the same run.
     (100, 3_500_000, 1.543, 1.366, "3 folders"),
 ]
+# Stages trained on a GPU: (GPU minutes, cumulative tokens, HumanEval tau, MT-Bench tau). Stage 10 (2026-11-28):
+# from stage 9, 430 s on one H200, 1,440 steps of 32 sequences over the four folders of 20,096 distinct prompts;
+# measured on the CPU beside stage 9 (1.514 / 1.342 in the same run).
+GPU_STAGES = {"10": (7.2, 4_071_399, 1.622, 1.419)}
 
 
 def lineage_hours() -> list[float]:
@@ -66,8 +71,17 @@ def main() -> None:
             ax.plot(xs, [v[column] for v in STAGES.values()], marker=marker, color=color, label=name)
             ax.scatter(extra_x, [e[column] for e in NOT_SHIPPED], marker=marker, facecolors="none", edgecolors=color,
                        label=f"{name}, not shipped")
+            gpu_x = [hours[-1] if xs is hours else v[1] / 1e6 for v in GPU_STAGES.values()]
+            ax.plot([xs[-1], *gpu_x], [STAGES["9"][column], *(v[column] for v in GPU_STAGES.values())],
+                    linestyle="--", color=color)
+            ax.scatter(gpu_x, [v[column] for v in GPU_STAGES.values()], marker="*", s=140, color=color,
+                       label=f"{name}, GPU stage")
         for stage, x, (_, _, humaneval, _) in zip(STAGES, xs, STAGES.values()):
             ax.annotate(stage, (x, humaneval), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        for stage, (minutes, tokens_, humaneval, _) in GPU_STAGES.items():
+            x = hours[-1] if xs is hours else tokens_ / 1e6
+            ax.annotate(f"{stage} (GPU, {minutes:.0f} min)", (x, humaneval), textcoords="offset points",
+                        xytext=(-6, 8), ha="right", fontsize=8)
         ax.axhline(2.0, color="tab:blue", linestyle=":", linewidth=1)
         ax.axhline(1.7, color="tab:orange", linestyle=":", linewidth=1)
         ax.set_xlabel(label)
