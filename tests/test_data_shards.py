@@ -103,7 +103,7 @@ def test_a_prompt_in_two_folders_is_trained_once_and_never_held_out_while_traine
     assert [e.input_ids for e in examples] == [[1, 7, 8, 9], [1, 40, 41, 42, 2], [5, 2], [6, 2]]
     assert (train, held) == ([0, 1, 2, 3], []), "the held-out prompt [1, 40] is trained on already"
     assert notes == ["2 examples repeat the prompt of an earlier one (the same prompt in two data folders, or twice "
-                     "in one) and were left out; each prompt is trained on once"]
+                     "in one) and were left out; each prompt is trained on once (a sampled answer: each distinct one)"]
     assert load_split(first, 0.5, seed=0, notes=(none := []))[0] and none == [], "no repeats, no note"
 
 

@@ -30,17 +30,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float32")
     parser.add_argument("--skip-held", default="",
                         help="comma-separated data folders whose prompts are passed over (another folder's data)")
+    parser.add_argument("--answers", type=int, default=1,
+                        help="answers per prompt; more than 1 needs --temperature (each answer its own seeded sample)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: the target's greedy answer; > 0 (e.g. 0.8): sampled answers, seeded per prompt and "
+                             "answer (docs/data.md)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of sampled answers (1: none)")
     add_compute_arguments(parser)
 
 
 def run(args) -> int:
+    from ..train.answers import Answers
     from ..train.regenerate import build_dataset
 
+    answers = Answers(args.answers, args.temperature, args.top_p)  # refused before the target loads
     set_compute(args)
     target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
     meta = build_dataset(target, args.out, sets=[s for s in args.sets.split(",") if s], count=args.count,
                          max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed,
-                         magpie_fraction=args.magpie_fraction, skip_held=[f for f in args.skip_held.split(",") if f])
+                         magpie_fraction=args.magpie_fraction, skip_held=[f for f in args.skip_held.split(",") if f],
+                         answers=answers)
     print(json.dumps({key: value for key, value in meta.items() if key != "empty_response_ids"}))
     return 0

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
+from .answers import example_key
 from .data import Example, example_prompt_key, read_examples, shard_files
 from .objective import Blocks, block_targets, sample_anchors
 
@@ -46,42 +47,65 @@ def split_heldout(count: int, fraction: float, seed: int) -> tuple[list[int], li
     return sorted(order[held:]), sorted(order[:held])
 
 
+def split_by_prompt(examples: list[Example], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """`split_heldout` over the examples' prompts: a prompt's answers (several sampled ones, answers.py) fall on
+    one side together, so none is held out while another answer to its prompt is trained on. With one example a
+    prompt it is `split_heldout` over the examples."""
+    keys = [example_prompt_key(example) for example in examples]
+    prompts = list(dict.fromkeys(keys))
+    if len(prompts) == len(keys):
+        return split_heldout(len(examples), fraction, seed)
+    _, held = split_heldout(len(prompts), fraction, seed)
+    held_prompts = {prompts[i] for i in held}
+    return ([i for i, key in enumerate(keys) if key not in held_prompts],
+            [i for i, key in enumerate(keys) if key in held_prompts])
+
+
 def load_split(data_dirs: str | Path | Sequence[str | Path], val_fraction: float,
                seed: int, tokenizer=None, notes: list[str] | None = None) -> tuple[list[Example], list[int], list[int]]:
     """All examples of one or more data folders (in the order given), with the train and held-out index lists.
 
     An example whose prompt an earlier one has (the same prompt regenerated into two folders) is dropped, so it
-    is neither trained twice an epoch nor held out while trained on; `notes` gets a line saying how many. The
-    held-out set is the `val/` shards of the folders that have them; when none has, a seeded random
-    `val_fraction` of all examples (`split_heldout`). With the target's `tokenizer`, shards built with another
-    tokenizer are refused (`read_examples`).
+    is neither trained twice an epoch nor held out while trained on; `notes` gets a line saying how many. Sampled
+    answers (answers.py) are dropped only when the same answer came earlier. The held-out set is the `val/`
+    shards of the folders that have them (less the prompts trained on); when none has, a seeded random
+    `val_fraction` of the prompts with all their examples (`split_by_prompt`). With the target's `tokenizer`,
+    shards built with another tokenizer are refused (`read_examples`).
     """
     folders = [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(f) for f in data_dirs]
     seen, repeats = set(), []
     examples = first_of_each_prompt([e for folder in folders for e in read_examples(folder, tokenizer)], seen, repeats)
     val_folders = [f / "val" for f in folders if f.is_dir() and (f / "val").is_dir() and shard_files(f / "val")]
     if val_folders:
-        held = first_of_each_prompt([e for folder in val_folders for e in read_examples(folder, tokenizer)], seen, repeats)
+        trained = {example_prompt_key(example) for example in examples}
+        held, candidates = [], [e for folder in val_folders for e in read_examples(folder, tokenizer)]
+        for example in first_of_each_prompt(candidates, seen, repeats):
+            if example_prompt_key(example) in trained:
+                repeats.append(example.id)  # another answer to a prompt trained on
+            else:
+                held.append(example)
         train_indices, val_indices = list(range(len(examples))), list(range(len(examples), len(examples) + len(held)))
         examples = examples + held
     else:
-        train_indices, val_indices = split_heldout(len(examples), val_fraction, seed)
+        train_indices, val_indices = split_by_prompt(examples, val_fraction, seed)
     if not train_indices:
         where = ", ".join(str(f) for f in folders)
         raise InputError(f"{where} holds no training examples; build data with `blockdraft data`")
     if repeats and notes is not None:
         notes.append(f"{len(repeats)} examples repeat the prompt of an earlier one (the same prompt in two data "
-                     "folders, or twice in one) and were left out; each prompt is trained on once")
+                     "folders, or twice in one) and were left out; each prompt is trained on once "
+                     "(a sampled answer: each distinct one)")
     return examples, train_indices, val_indices
 
 
 def first_of_each_prompt(examples: list[Example], seen: set[bytes], repeats: list[str]) -> list[Example]:
-    """The examples whose prompt (the token ids before the first supervised one) neither `seen` nor an earlier
-    example holds, in order; `seen` gets their prompts and `repeats` the ids of those left out. Prompts, not ids:
-    ids such as `magpie:17` count within their own folder only."""
+    """The examples whose key (`answers.example_key`: the token ids before the first supervised one, and for a
+    sampled answer the answer too) neither `seen` nor an earlier example holds, in order; `seen` gets their keys
+    and `repeats` the ids of those left out. Prompts, not ids: ids such as `magpie:17` count within their own
+    folder only."""
     kept = []
     for example in examples:
-        prompt = example_prompt_key(example)
+        prompt = example_key(example)
         if prompt in seen:
             repeats.append(example.id)
         else:

@@ -1,5 +1,7 @@
 """`blockdraft data`: regenerate every training response with the target (batched, with progress).
 
+Each prompt gets the target's greedy answer, or with `answers` (answers.py) several sampled ones.
+
 Resumable: a folder that already holds shards of the same settings keeps them; the prompts they cover are
 skipped and new shards continue the numbering. A larger `count` with the same seed selects a superset of
 the prompts (the seeded order is fixed, and magpie prompts continue their list), so a stopped run can be
@@ -19,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..decode.decoder import Decoder
 from ..errors import InputError
 from ..prompts import training_prompts
+from .answers import Answers, answer_seed
 from .data import (held_prompts, make_example, read_examples, select_prompts, shard_files, write_atomically,
                    write_shard)
 from .magpie import MAGPIE, MagpieSettings, magpie_prompts
@@ -27,13 +30,15 @@ from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
 def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_tokens: int = 384,
                   max_new_tokens: int = 256, batch_size: int = 64, shard_size: int = 2048, seed: int = 0,
-                  magpie_fraction: float = 0.25, max_shard_bytes: int = MAX_SHARD_BYTES, skip_held=()) -> dict:
+                  magpie_fraction: float = 0.25, max_shard_bytes: int = MAX_SHARD_BYTES, skip_held=(),
+                  answers: Answers = Answers()) -> dict:
     """Write data-*.safetensors shards and meta.json under `out`; returns the meta record.
 
     With `magpie` among `sets`, round(magpie_fraction * count) of the prompts are magpie prompts (all of them
     when it is the only set) and the rest come from the other sets. Prompts that the data folders `skip_held`
     hold already are passed over and do not count (meta.json: skipped, held_elsewhere), so that a folder grown
-    beside another adds only prompts the other lacks.
+    beside another adds only prompts the other lacks. `answers`: the greedy answer (the default) or several
+    sampled ones per prompt (answers.py); `count` counts prompts either way.
     """
     for name, value in (("count", count), ("batch_size", batch_size), ("shard_size", shard_size),
                         ("max_prompt_tokens", max_prompt_tokens), ("max_new_tokens", max_new_tokens)):
@@ -52,12 +57,14 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
         raise InputError(f"--skip-held names the --out folder {out}: every prompt it holds would be passed over; "
                          "name other folders")
     out.mkdir(parents=True, exist_ok=True)
+    if not isinstance(answers, Answers):
+        raise InputError(f"`answers` must be an Answers(count, temperature, top_p), got {type(answers).__name__}")
     settings = {"target": target.name, "sets": sets, "max_prompt_tokens": max_prompt_tokens,
-                "max_new_tokens": max_new_tokens, "seed": seed, "magpie": magpie}
+                "max_new_tokens": max_new_tokens, "seed": seed, "magpie": magpie, "sampling": answers.record()}
     fingerprint = tokenizer_fingerprint(target.tokenizer)
     done, shard, tokens, empty_ids = _resume_point(out, settings, target.tokenizer, fingerprint)
     meta = {**settings, "prompts_requested": count, "format": "data-NNNNN.safetensors",
-            "tokenizer_sha256": fingerprint, "decoding": "greedy (the target's own argmax)",
+            "tokenizer_sha256": fingerprint, "decoding": answers.describe(),
             "chat_template": "target tokenizer's, add_generation_prompt=True"}
     # Written first, so that a run stopped right after its first shard still leaves the settings to resume with.
     _write_meta(out, meta, len(done), tokens, {}, empty_ids, complete=False)
@@ -70,12 +77,12 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
                                                                   max_prompt_tokens=max_prompt_tokens, seed=seed,
                                                                   batch_size=batch_size, held=held)
         skipped.update(empty_response=len(empty_ids))
-        chosen = [item for item in chosen if item[0] not in done and item[0] not in empty_ids]
+        chosen = [item for item in answers.expand(chosen) if item[0] not in done and item[0] not in empty_ids]
         chosen.sort(key=lambda item: len(item[1]))  # similar lengths share a batch: less padding
         task = progress.add_task("regenerating", total=len(chosen), note=f"{tokens} tok")
         for start in range(0, len(chosen), batch_size):
             batch = chosen[start: start + batch_size]
-            results = Decoder(target, None).generate([ids for _, ids in batch], max_new_tokens=max_new_tokens)
+            results = _answer(target, batch, answers, seed, max_new_tokens)
             examples = []
             for (example_id, ids), result in zip(batch, results):
                 if not result.tokens or (result.finish_reason == "stop" and len(result.tokens) == 1):
@@ -90,6 +97,19 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
             progress.update(task, advance=len(batch), note=f"{tokens} tok")
     writer.close()
     return _write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=True)
+
+
+def _answer(target, batch: list[tuple[str, list[int]]], answers: Answers, seed: int, max_new_tokens: int) -> list:
+    """The target's answers to a batch of [(example id, prompt ids)]: greedy, or each sampled with its own seed."""
+    prompts = [ids for _, ids in batch]
+    if not answers.sampled:
+        return Decoder(target, None).generate(prompts, max_new_tokens=max_new_tokens)
+    from ..decode.options import DecodeOptions
+    from ..sampling import SamplingParams
+
+    options = DecodeOptions(sampling=SamplingParams(answers.temperature, top_p=answers.top_p), sampler="coupled")
+    return Decoder(target, None).generate(prompts, max_new_tokens=max_new_tokens, options=options,
+                                          seeds=[answer_seed(seed, example_id) for example_id, _ in batch])
 
 
 class _ShardWriter:
@@ -147,8 +167,8 @@ def _resume_point(out: Path, settings: dict, tokenizer, fingerprint: str) -> tup
     `out`.
 
     Shards written with other settings or another tokenizer are refused: mixing them would make one data set of
-    two recipes. Prompts whose response came back empty are not regenerated (greedy decoding would give the same
-    empty answer).
+    two recipes. Prompts whose response came back empty are not regenerated (greedy decoding, or a seeded sampled
+    answer, would give the same empty answer).
     """
     shards = shard_files(out)
     if not shards:
