@@ -185,7 +185,7 @@ def generate_data(args, log: Log, budget: float) -> dict:
         try:
             rc = blockdraft(["data", "--out", str(folder), "--sets", ",".join(sets), "--count", str(count),
                              "--batch-size", str(args.data_batch_size), "--device", args.device,
-                             "--max-new-tokens", str(args.data_max_new_tokens), *threads(args), *skip_held(args),
+                             "--max-new-tokens", str(args.data_max_new_tokens), *threads(args), *answers(args),
                              *shlex.split(args.data_extra)])
         except Exception as failure:  # a CUDA out-of-memory, say: the shards so far are whole
             log.write(traceback.format_exc())
@@ -207,8 +207,11 @@ def generate_data(args, log: Log, budget: float) -> dict:
             **({"error": error} if error else {})}
 
 
-def skip_held(args) -> list[str]:
-    """The carried data folders' prompts are not regenerated: the window adds only prompts they lack."""
+def answers(args) -> list[str]:
+    """Greedy answers: the carried data folders' prompts are not regenerated (their greedy answers are held), so the
+    window adds only prompts they lack. Sampled answers (--data-answers > 1): every prompt, carried ones too."""
+    if args.data_answers > 1:
+        return ["--answers", str(args.data_answers), "--temperature", str(args.data_temperature)]
     return ["--skip-held", ",".join(str(folder) for folder in args.data_in)] if args.data_in else []
 
 

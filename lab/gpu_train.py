@@ -117,6 +117,10 @@ def add_run_arguments(run) -> None:
     data.add_argument("--data-slice", type=int, default=512, help="prompts added per `blockdraft data` call")
     data.add_argument("--data-max-new-tokens", type=int, default=256)
     data.add_argument("--no-magpie", action="store_true", help="only the carried prompts, no prompts the target writes")
+    data.add_argument("--data-answers", type=int, default=1,
+                      help="answers a prompt: 1, the greedy one; more, sampled at --data-temperature, over the "
+                           "carried folders' prompts too (sampled answers are new text for them)")
+    data.add_argument("--data-temperature", type=float, default=0.8, help="of sampled answers (--data-answers > 1)")
     data.add_argument("--data-extra", default="", help="more `blockdraft data` options, e.g. '--magpie-fraction 0.1'")
     measure = run.add_argument_group("eval and bench")
     measure.add_argument("--eval-sets", default="humaneval,mt-bench")

@@ -141,7 +141,8 @@ def test_data_slices_stop_before_the_next_would_pass_the_budget(tmp_path, monkey
     (tmp_path / "prompts" / "train" / "set.jsonl").write_text("")
     args = gpu_train.argparse.Namespace(work=tmp_path, prompts_dir=tmp_path / "prompts", data_slice=8,
                                         data_batch_size=8, data_max_new_tokens=16, device="cpu", threads=None,
-                                        no_magpie=False, data_extra="", data_in=[tmp_path / "a", tmp_path / "b"])
+                                        no_magpie=False, data_extra="", data_in=[tmp_path / "a", tmp_path / "b"],
+                                        data_answers=1, data_temperature=0.8)
     data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=35)
     assert calls == [8, 16, 24], "after 30 s a fourth 10-s slice would end past 35 s"
     assert skips == [f"{tmp_path / 'a'},{tmp_path / 'b'}"] * 3, "the carried folders' prompts are not regenerated"
@@ -154,6 +155,13 @@ def test_data_slices_stop_before_the_next_would_pass_the_budget(tmp_path, monkey
     data = gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=1000)
     assert calls == [8, 16, 24] and data["examples"] == 16, "a failed slice ends the stage; earlier shards stay"
     assert "--count 24 failed: RuntimeError: CUDA out of memory" in data["error"]
+    # Sampled answers are new text for the carried folders' prompts too: nothing is passed over.
+    seen = []
+    monkeypatch.setattr(blockdraft.cli, "main", lambda argv: (seen.append(argv), fake_data(argv))[1])
+    failing, args.data_answers = None, 2
+    gpu_stages.generate_data(args, gpu_stages.Log(tmp_path / "log"), budget=15)
+    assert "--skip-held" not in seen[0] and seen[0][seen[0].index("--answers"):][:4] == [
+        "--answers", "2", "--temperature", "0.8"]
 
 
 def test_a_stage_past_its_timeout_is_stopped_and_its_last_json_line_kept(tmp_path):
