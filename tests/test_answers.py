@@ -8,29 +8,19 @@ import json
 import pytest
 
 from blockdraft.errors import InputError
-from blockdraft.train import regenerate
 from blockdraft.train.answers import Answers, answer_id, answer_seed, example_key, is_sampled
 from blockdraft.train.batches import load_split, split_by_prompt
 from blockdraft.train.data import Example, example_prompt_key, read_examples, write_shard
 
-from conftest import char_tokenizer, tiny_target
-from test_regenerate import PROMPTS
+from test_regenerate import build as build_greedy
+from test_regenerate import target  # noqa: F401 (the fixture: a tiny target over PROMPTS)
 
 SAMPLED = Answers(3, 0.9)
 
 
-@pytest.fixture
-def target(monkeypatch):
-    monkeypatch.setattr(regenerate, "training_prompts", lambda sets: PROMPTS)
-    target = tiny_target("llama")
-    target.tokenizer = char_tokenizer()
-    return target
-
-
 def build(target, out, count, **overrides):
-    settings = dict(sets=["fake"], count=count, max_prompt_tokens=64, max_new_tokens=8, batch_size=4, shard_size=5,
-                    seed=1, answers=SAMPLED)
-    return regenerate.build_dataset(target, out, **{**settings, **overrides})
+    return build_greedy(target, out, count, **{"answers": SAMPLED, "max_new_tokens": 8, "batch_size": 4,
+                                               "shard_size": 5, **overrides})
 
 
 def by_id(folder):
