@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..decode.vocab import with_prompt_tokens
 from ..model.layers import AnchoredBlocks
+from .cross_entropy import cross_entropy
 
 
 @dataclass
@@ -158,10 +159,20 @@ def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = 0.5) -> 
 # in the backward pass instead of kept (`weighted_loss`): a 152k vocabulary over 30k supervised rows keeps 18 GB
 # of logits and as much again of log-softmax; a chunk recomputed costs one more head product.
 HEAD_MEMORY_BUDGET = 2**31
+# A CPU chunk's logits stay under glibc's largest mmap threshold (32 MiB on 64-bit): larger blocks are mapped
+# fresh on every allocation and page-faulted on first touch, which made the head's softmax passes 2.8x slower
+# over a 23k-id vocabulary (1,152 rows at once against chunks of 256). GPUs take 2048 rows a chunk.
+CPU_CHUNK_BYTES = 24 * 2**20
 
 
-def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, teacher=None, kd_weight: float = 0.0,
-                  dpace_alpha: float | None = None, vocab: torch.Tensor | None = None, recompute: bool | None = None):
+def head_chunk_rows(device: torch.device, columns: int) -> int:
+    """Rows of head logits computed at once: 2048 on accelerators, on a CPU as many as fit CPU_CHUNK_BYTES."""
+    return 2048 if device.type != "cpu" else max(16, CPU_CHUNK_BYTES // (4 * max(1, columns)))
+
+
+def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int | None = None, teacher=None,
+                  kd_weight: float = 0.0, dpace_alpha: float | None = None, vocab: torch.Tensor | None = None,
+                  recompute: bool | None = None):
     """Sum over supervised slots of w * loss, and which supervised slots the draft's argmax gets right.
 
     hidden [B, A*K, D], head_weight [V, D]. The per-slot loss is CE against the label, or with `teacher`
@@ -171,7 +182,8 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
     becomes `dpace_weights` of the draft's own (detached) CE. With `vocab` (sorted distinct ids [N] that hold
     every supervised label) the head scores those ids only, as the decoder does with a proposal vocabulary:
     CE, KD (the teacher renormalised over them) and argmax are all over the N ids.
-    Only rows with w > 0 reach the LM head (A*K*V logits per sequence would not fit otherwise), in chunks.
+    Only rows with w > 0 reach the LM head (A*K*V logits per sequence would not fit otherwise), in chunks of
+    `chunk_rows` (default `head_chunk_rows`).
     `recompute` (None: when the kept activations would pass HEAD_MEMORY_BUDGET) keeps only each chunk's input for
     the backward pass and recomputes its logits there: the same loss and gradients, in a chunk's memory.
     Returns (weighted loss sum: a differentiable scalar, hits [B, A, K] bool: argmax == label on slots with
@@ -196,7 +208,7 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
         t = teacher.reshape(B * S, -1)[where.reshape(-1)[rows]]  # [R, D]
     def chunk(h_rows, labels, teacher_rows):  # -> per-row loss, CE and the draft's argmax, each [r]
         logits = F.linear(h_rows, head_weight).float()  # [r, V] ([r, N] with vocab)
-        ce = F.cross_entropy(logits, labels, reduction="none")
+        ce = cross_entropy(logits, labels)  # one pass each way (cross_entropy.py)
         loss = ce
         if kd_weight > 0:
             with torch.no_grad():
@@ -205,6 +217,7 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int = 2048, t
             loss = kd if kd_weight == 1 else (1 - kd_weight) * ce + kd_weight * kd
         return loss, ce, logits.argmax(-1)
 
+    chunk_rows = chunk_rows or head_chunk_rows(hidden.device, head_weight.shape[0])
     if recompute is None:  # logits and log-softmax kept per row, and the teacher's softmax under KD
         kept = rows.shape[0] * head_weight.shape[0] * 4 * (3 if kd_weight > 0 else 2)
         recompute = h.requires_grad and kept > HEAD_MEMORY_BUDGET
