@@ -179,7 +179,7 @@ def test_all_invalid_gives_zero_loss_and_zero_grads(family):
 
 @pytest.mark.parametrize("kd_weight", [0.0, 0.5])
 def test_recomputed_head_chunks_give_the_same_loss_and_gradients_in_a_chunks_memory(kd_weight):
-    # Kept logits cost rows x V floats (and as much again of log-softmax); recomputed ones a chunk's worth.
+    # Kept logits cost rows x V floats (and under KD as much again twice); recomputed ones a chunk's worth.
     g = torch.Generator().manual_seed(2)
     B, S, A, D, V = 2, 40, 6, 16, 4096
     tokens = torch.randint(0, V, (B, S), generator=g)

@@ -157,7 +157,8 @@ def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float = 0.5) -> 
 
 # Beyond this many bytes of float32 head activations kept for the backward pass, each chunk's logits are recomputed
 # in the backward pass instead of kept (`weighted_loss`): a 152k vocabulary over 30k supervised rows keeps 18 GB
-# of logits and as much again of log-softmax; a chunk recomputed costs one more head product.
+# of logits (cross_entropy.py keeps nothing else; KD adds its log-softmax and the teacher's softmax); a chunk
+# recomputed costs one more head product.
 HEAD_MEMORY_BUDGET = 2**31
 # A CPU chunk's logits stay under glibc's largest mmap threshold (32 MiB on 64-bit): larger blocks are mapped
 # fresh on every allocation and page-faulted on first touch, which made the head's softmax passes 2.8x slower
@@ -218,8 +219,8 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int | None = 
         return loss, ce, logits.argmax(-1)
 
     chunk_rows = chunk_rows or head_chunk_rows(hidden.device, head_weight.shape[0])
-    if recompute is None:  # logits and log-softmax kept per row, and the teacher's softmax under KD
-        kept = rows.shape[0] * head_weight.shape[0] * 4 * (3 if kd_weight > 0 else 2)
+    if recompute is None:  # logits kept per row, and under KD its log-softmax and the teacher's softmax
+        kept = rows.shape[0] * head_weight.shape[0] * 4 * (3 if kd_weight > 0 else 1)
         recompute = h.requires_grad and kept > HEAD_MEMORY_BUDGET
     losses, ces = [], []
     hits = torch.zeros(w.shape, dtype=torch.bool, device=hidden.device)
