@@ -172,8 +172,8 @@ class PromptLookup:
 
             m* = argmax_m (E_tree(width) + E_lookup(m + 1) - 1) / (t_tree(width) + m * c)
 
-        A run grafted onto a plain step (width 1) of one row is verified without the draft, at t(1) + m * c; in
-        a batch the rows are filled up with draft nodes (step.py), so it costs a drafted step of 1 + m nodes.
+        A run grafted onto a plain step (width 1) is verified without the draft, at t(1) + m * c, in a batch too:
+        rows with shorter runs are filled up with their anchor repeated (tree.py), not with draft nodes.
         A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step
         without a graft, so that a lookup that starts to hit is noticed, or less often where that re-measurement
         would cost more than `explore_budget` of the decode time (shared by a batch's rows, as the width policy's).
@@ -217,12 +217,10 @@ class PromptLookup:
         """(the graft length with the most expected tokens per second, steps between whole-run re-tries, and for
         judging a re-try: the tree's E, a whole run's step seconds, the best length's tokens per second)."""
         cost = draft_policy.seconds_per_position()
-        drafted = width == 1 and rows > 1  # priced as a drafted step of one node: width 2's time less a position
-        # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
-        seconds = draft_policy.step_seconds(2) - cost if drafted else draft_policy.step_seconds(width)
+        seconds = draft_policy.step_seconds(width)  # the tree's expected step time, as its own policy judges it
 
         def step_time(m: int) -> float:
-            return draft_policy.step_seconds(1) if drafted and m == 0 else seconds + m * cost
+            return seconds + m * cost
 
         tree_gain, gain = float(draft_policy.gains()[width - 1]), policy.gains()  # gain[m]: E(m + 1)
 

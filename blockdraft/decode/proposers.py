@@ -140,8 +140,9 @@ class TreeProposer:
             return chain(anchors, anchors.new_zeros(B, 0), None, drafted=False)
         self.runs = (found[0][:, :graft], found[1].clamp(max=graft)) if graft > 0 else (None, None)
         # The draft's slot distributions, then the likeliest nodes over them, then the runs. A row of a batch whose
-        # run adds fewer nodes is filled up with more draft nodes, so a graft onto a batch drafts every slot.
-        drafted = width > 1 or (graft > 0 and B > 1)
+        # run adds fewer nodes is filled up with more draft nodes where the draft runs (so a graft onto a drafted
+        # batch drafts every slot), else with its anchor repeated (tree.py), at no draft cost.
+        drafted = width > 1
         candidates = None
         if drafted:
             self.drafter.append_context(state.pending.features, state.pending.counts)
@@ -177,8 +178,7 @@ class TreeProposer:
 
     def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None:
         """Tell each source's policy what its part of the step accepted, as if verified alone: the draft's first
-        `size` nodes, and the grafted runs. A run grafted onto a plain step of a batch ran the draft too (to fill
-        rows up), which tells nothing of the draft's own nodes."""
+        `size` nodes, and the grafted runs."""
         if proposal.parents is None:  # a plain step
             self.policy.observe(1, num_accepted.tolist())
             return
