@@ -9,7 +9,7 @@ import torch
 from blockdraft.decode.generate import generate
 
 from blockdraft.decode.proposers import TargetAlone
-from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
+from blockdraft.decode.lookup import UNDRAFTED_GRAFT_ROWS, PromptLookup, continuation, lookup_block
 from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 from blockdraft.decode.selection import Selector
@@ -174,18 +174,18 @@ def test_a_re_try_that_cannot_win_is_asked_again_only_after_another_interval():
     assert 1 <= len(asked) <= steps // lookup.explore_every, f"asked {len(asked)} times in {steps} steps"
 
 
-def test_a_graft_onto_a_plain_step_of_a_batch_costs_no_draft():
+def test_a_graft_onto_a_plain_step_costs_no_draft_up_to_two_rows_and_a_drafted_step_beyond():
     # Plain steps 11 ms; drafting costs 20 ms more; 1 ms per verified position. A run that gets 0.6 tokens
-    # accepted pays alone (1.6 tokens in 12 ms against 1 in 11), and in a batch too: rows with shorter runs are
-    # filled with their anchor repeated (tree.py), not by the draft, which would make it 1.6 tokens in 32 ms.
+    # accepted pays alone (1.6 tokens in 12 ms against 1 in 11), and at 2 rows, whose shorter rows are filled
+    # with their anchor repeated (tree.py); in a wider batch the draft fills the rows (1.6 tokens in 32 ms).
     costs = linear_costs(plain=0.011, draft=0.020, per_position=0.001)
     draft = missing_tree(costs)
     lookup = PromptLookup(4, costs)
     for _ in range(30):
         lookup.observe_graft(1, [1, 0, 1, 1, 0])
-    for rows in (1, 4):
+    for rows, graft in ((1, 1), (UNDRAFTED_GRAFT_ROWS, 1), (UNDRAFTED_GRAFT_ROWS + 2, 0)):
         draft.at_batch(rows)
-        assert lookup.graft_length(draft, 1, 1, rows=rows) == 1, f"{rows} rows"
+        assert lookup.graft_length(draft, 1, 1, rows=rows) == graft, f"{rows} rows"
 
 
 def test_runs_are_looked_up_only_when_a_graft_may_pay():

@@ -97,6 +97,14 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
     return torch.from_numpy(out).to(tokens.device), torch.from_numpy(found).to(tokens.device)
 
 
+# The widest batch whose runs are grafted onto a plain step without the draft (rows filled with their anchor
+# repeated, tree.py). At q4, 8 HumanEval prompts, interleaved in one session (EPYC Zen 5, 2 threads, 2026-11-28):
+# at 2 rows default / target alone rose from 0.98x to 1.04-1.06x, at 4 and 8 rows it fell from 1.00-1.02x to
+# 0.97-0.98x (wider trees' verify at 4+ rows costs more than the chain-measured slope prices); wider batches
+# fill with draft nodes, priced as a drafted step, as before.
+UNDRAFTED_GRAFT_ROWS = 2
+
+
 class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
@@ -172,8 +180,9 @@ class PromptLookup:
 
             m* = argmax_m (E_tree(width) + E_lookup(m + 1) - 1) / (t_tree(width) + m * c)
 
-        A run grafted onto a plain step (width 1) is verified without the draft, at t(1) + m * c, in a batch too:
-        rows with shorter runs are filled up with their anchor repeated (tree.py), not with draft nodes.
+        A run grafted onto a plain step (width 1) is verified without the draft, at t(1) + m * c, in a batch of up
+        to UNDRAFTED_GRAFT_ROWS rows too (rows with shorter runs are filled up with their anchor repeated, tree.py);
+        in a wider batch the rows are filled up with draft nodes, so it costs a drafted step of 1 + m nodes.
         A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step
         without a graft, so that a lookup that starts to hit is noticed, or less often where that re-measurement
         would cost more than `explore_budget` of the decode time (shared by a batch's rows, as the width policy's).
@@ -217,10 +226,12 @@ class PromptLookup:
         """(the graft length with the most expected tokens per second, steps between whole-run re-tries, and for
         judging a re-try: the tree's E, a whole run's step seconds, the best length's tokens per second)."""
         cost = draft_policy.seconds_per_position()
-        seconds = draft_policy.step_seconds(width)  # the tree's expected step time, as its own policy judges it
+        drafted = width == 1 and rows > UNDRAFTED_GRAFT_ROWS  # priced as a drafted step of one node
+        # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
+        seconds = draft_policy.step_seconds(2) - cost if drafted else draft_policy.step_seconds(width)
 
         def step_time(m: int) -> float:
-            return seconds + m * cost
+            return draft_policy.step_seconds(1) if drafted and m == 0 else seconds + m * cost
 
         tree_gain, gain = float(draft_policy.gains()[width - 1]), policy.gains()  # gain[m]: E(m + 1)
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from .drafter import Drafter
-from .lookup import PromptLookup
+from .lookup import UNDRAFTED_GRAFT_ROWS, PromptLookup
 from .policy import TreeWidth, WidthPolicy
 from .selection import Selector
 from .state import DecodeState
@@ -141,8 +141,9 @@ class TreeProposer:
         self.runs = (found[0][:, :graft], found[1].clamp(max=graft)) if graft > 0 else (None, None)
         # The draft's slot distributions, then the likeliest nodes over them, then the runs. A row of a batch whose
         # run adds fewer nodes is filled up with more draft nodes where the draft runs (so a graft onto a drafted
-        # batch drafts every slot), else with its anchor repeated (tree.py), at no draft cost.
-        drafted = width > 1
+        # batch drafts every slot), else with its anchor repeated (tree.py), at no draft cost: a plain step's
+        # graft runs the draft only in batches wider than UNDRAFTED_GRAFT_ROWS (lookup.py).
+        drafted = width > 1 or (graft > 0 and B > UNDRAFTED_GRAFT_ROWS)
         candidates = None
         if drafted:
             self.drafter.append_context(state.pending.features, state.pending.counts)
@@ -178,7 +179,8 @@ class TreeProposer:
 
     def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None:
         """Tell each source's policy what its part of the step accepted, as if verified alone: the draft's first
-        `size` nodes, and the grafted runs."""
+        `size` nodes, and the grafted runs. A run grafted onto a plain step of a wide batch ran the draft too (to
+        fill rows up), which tells nothing of the draft's own nodes."""
         if proposal.parents is None:  # a plain step
             self.policy.observe(1, num_accepted.tolist())
             return
