@@ -1,4 +1,4 @@
-"""Cross-entropy against hard labels with one pass over the logits each way: the head's loss on a CPU.
+"""Cross-entropy against hard labels with the fewest passes over the logits: the head's loss on a CPU.
 
 `F.cross_entropy(logits, labels)` keeps log_softmax(logits) [r, V] and, backward, fills a dense one-hot gradient
 [r, V] with zeros, scatters into it and runs log_softmax's backward over it: three passes over r x V floats,
@@ -6,7 +6,15 @@ about a quarter of a CPU training step over a 23k-id proposal vocabulary. The gr
 
     d CE_i / d z_iv = softmax(z_i)_v - [v = y_i]   (times the incoming gradient g_i),
 
-so this keeps z and logsumexp(z) [r] and writes exp(z - lse) - onehot in place, once. Same value and gradient.
+and the forward pass computes most of it already: with m_i = max_v z_iv and e = exp(z - m), s_i = sum_v e_iv,
+
+    CE_i = m_i + log s_i - z_iy,        softmax(z_i) = e_i / s_i.
+
+So the forward keeps e (in the place of the logits) and the backward scales it, writing the logits' dtype, and
+sets the label's entries: one pass backward instead of recomputing exp(z - lse) and casting the result. Logits of a 16-bit head are read
+as they are and upcast inside the first pass (no float32 copy of them); e and the loss are float32. The row maximum's index is the
+draft's argmax, which the training metrics want: it comes out of the same pass (`cross_entropy_and_argmax`).
+Same value and gradient as F.cross_entropy up to float rounding (tests/test_cross_entropy.py).
 
 Shapes: r rows, V classes.
 """
@@ -18,23 +26,43 @@ import torch
 
 class _HardLabelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        lse = torch.logsumexp(logits, dim=-1)  # [r]
-        ctx.save_for_backward(logits, lse, labels)
-        return lse - logits.gather(-1, labels[:, None])[:, 0]  # [r]
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor):
+        top, argmax = logits.max(dim=-1)  # [r] each, in the logits' dtype
+        top = top.to(torch.promote_types(logits.dtype, torch.float32))  # 16-bit logits are computed in float32
+        e = torch.sub(logits, top[:, None]).exp_()  # [r, V]: the one new tensor (and the only upcast)
+        total = e.sum(dim=-1)  # [r]
+        ce = top + total.log() - logits.gather(-1, labels[:, None])[:, 0].to(top.dtype)  # [r]
+        ctx.save_for_backward(e, total, labels)
+        ctx.mark_non_differentiable(argmax)
+        ctx.dtype = logits.dtype
+        return ce, argmax
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        logits, lse, labels = ctx.saved_tensors
-        out = torch.sub(logits, lse[:, None]).exp_()  # softmax [r, V], one new tensor
-        rows = torch.arange(out.shape[0], device=out.device)
-        out[rows, labels] -= 1.0
-        return out.mul_(grad[:, None]), None
+    def backward(ctx, grad: torch.Tensor, _argmax_grad):
+        e, total, labels = ctx.saved_tensors
+        scale = (grad / total)[:, None]  # [r, 1]
+        out = torch.mul(e, scale, out=torch.empty(e.shape, dtype=ctx.dtype, device=e.device))  # g * softmax
+        rows = torch.arange(e.shape[0], device=e.device)
+        # The label's entry g * (e_y - s) / s, from float32 and rounded once; e stays as saved (a retained graph
+        # may run this again).
+        out[rows, labels] = ((e[rows, labels] - total) * scale[:, 0]).to(ctx.dtype)
+        return out, None
+
+
+def _check(logits: torch.Tensor, labels: torch.Tensor) -> None:
+    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"cross_entropy takes logits [r, V] and labels [r], got {tuple(logits.shape)} and "
+                         f"{tuple(labels.shape)}")
+
+
+def cross_entropy_and_argmax(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row CE [r] float32 of logits [r, V] (any float dtype: computed in float32, the gradient in the logits'
+    dtype) against class ids labels [r], as F.cross_entropy(logits.float(), labels, reduction="none"), and each
+    row's argmax [r] (no gradient)."""
+    _check(logits, labels)
+    return _HardLabelCrossEntropy.apply(logits, labels)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-row CE [r] of logits [r, V] (float) against class ids labels [r]; as F.cross_entropy(reduction="none")."""
-    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy takes logits [r, V] and labels [r], got {tuple(logits.shape)} and "
-                         f"{tuple(labels.shape)}")
-    return _HardLabelCrossEntropy.apply(logits, labels)
+    return cross_entropy_and_argmax(logits, labels)[0]

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..decode.vocab import with_prompt_tokens
 from ..model.layers import AnchoredBlocks
-from .cross_entropy import cross_entropy
+from .cross_entropy import cross_entropy_and_argmax
 
 
 @dataclass
@@ -208,15 +208,15 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int | None = 
         where = teacher_positions(blocks) + torch.arange(B, device=teacher.device)[:, None, None] * S  # [B, A, K]
         t = teacher.reshape(B * S, -1)[where.reshape(-1)[rows]]  # [R, D]
     def chunk(h_rows, labels, teacher_rows):  # -> per-row loss, CE and the draft's argmax, each [r]
-        logits = F.linear(h_rows, head_weight).float()  # [r, V] ([r, N] with vocab)
-        ce = cross_entropy(logits, labels)  # one pass each way (cross_entropy.py)
+        logits = F.linear(h_rows, head_weight)  # [r, V] ([r, N] with vocab), in the compute dtype
+        ce, top = cross_entropy_and_argmax(logits, labels)  # float32, the fewest passes (cross_entropy.py)
         loss = ce
         if kd_weight > 0:
             with torch.no_grad():
                 soft = F.linear(teacher_rows.to(head_weight.dtype), head_weight).float().softmax(-1)  # [r, V or N]
-            kd = F.cross_entropy(logits, soft, reduction="none")
+            kd = F.cross_entropy(logits.float(), soft, reduction="none")
             loss = kd if kd_weight == 1 else (1 - kd_weight) * ce + kd_weight * kd
-        return loss, ce, logits.argmax(-1)
+        return loss, ce, top
 
     chunk_rows = chunk_rows or head_chunk_rows(hidden.device, head_weight.shape[0])
     if recompute is None:  # logits kept per row, and under KD its log-softmax and the teacher's softmax
