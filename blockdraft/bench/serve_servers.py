@@ -1,6 +1,6 @@
 """`blockdraft serve` processes the load bench starts itself: one per mode, on free loopback ports, stopped at the end.
 
-Servers start one after the other, each waited for until it is ready (`ready`: /health answers 200 and every
+Servers start one after the other (in an order the caller rotates round by round), each waited for until it is ready (`ready`: /health answers 200 and every
 batch size's step costs are measured): a first start on a machine measures step costs for minutes, and two
 servers measuring at once would each price their steps with the other's load. Every server is stopped when the
 `with` block ends, however it ends (an error, Ctrl-C): SIGTERM, then SIGKILL if it has not exited within
@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from ..errors import ConfigError
+from .runner import interleaved_order
 
 STOP_SECONDS = 30.0  # a drained server exits in a second or two; past this it is killed
 SHUTDOWN_GRACE = "1"  # the started servers' --shutdown-grace: nothing of the bench is worth waiting longer for
@@ -46,23 +47,31 @@ class Endpoint:
 
 @contextmanager
 def started_servers(modes: dict[str, list[str]], serve_args: list[str], log_dir: Path,
-                    startup_timeout: float) -> Iterator[list[Endpoint]]:
+                    startup_timeout: float, round_: int = 1) -> Iterator[list[Endpoint]]:
     """Start `blockdraft serve` once per mode (label -> its own flags, e.g. ["--no-spec"]) with `serve_args`, each
-    logging to `log_dir/server-<label>.log`; yields their endpoints once all are healthy, stops them all after."""
+    appending to `log_dir/server-<label>.log`; yields their endpoints, in `modes`' order, once all are healthy,
+    and stops them all after. Round r starts them in `modes`' order rotated by r - 1 (serve_sweep.py, rule 3)."""
+    labels = list(modes)
     with ExitStack() as stack:
-        endpoints = [stack.enter_context(server_process(label, [*serve_args, *flags], log_dir / f"server-{label}.log",
-                                                        startup_timeout))
-                     for label, flags in modes.items()]
-        yield endpoints
+        started = {}
+        for position, label in enumerate(interleaved_order(labels, round_ - 1), 1):
+            header = f"--- round {round_}: started {position} of {len(labels)}\n"
+            started[label] = stack.enter_context(server_process(label, [*serve_args, *modes[label]],
+                                                                log_dir / f"server-{label}.log", startup_timeout,
+                                                                header))
+        yield [started[label] for label in labels]
 
 
 @contextmanager
-def server_process(label: str, flags: list[str], log_path: Path, startup_timeout: float) -> Iterator[Endpoint]:
+def server_process(label: str, flags: list[str], log_path: Path, startup_timeout: float,
+                   header: str = "") -> Iterator[Endpoint]:
     port = free_port()
     command = serve_command(port, flags)
     env = {k: v for k, v in os.environ.items() if k != "BLOCKDRAFT_API_KEY"}  # a server started here needs no key
     endpoint = Endpoint(label, f"http://127.0.0.1:{port}")
-    with open(log_path, "w") as log:
+    with open(log_path, "a") as log:
+        log.write(header)
+        log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             wait_ready(endpoint, startup_timeout, process, log_path)

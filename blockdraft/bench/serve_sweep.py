@@ -2,10 +2,15 @@
 
 Fairness rules, all in this module:
 1. Every server first answers one short warm-up request, untimed.
-2. Interleaved: for each point every mode runs before the next point starts, `repeats` rounds of it, and the
-   mode order rotates by one per round (runner.interleaved_order), so machine drift hits every mode alike. One
-   mode runs at a time: two servers on one machine loaded together would share its cores.
-3. The same requests everywhere: prompts cycled in the same order, greedy, the same `max_tokens`, and in the
+2. Interleaved: a round runs every point on every mode, each point's modes one after the other in an order
+   rotated by one per point and per round (runner.interleaved_order), so machine drift hits every mode alike;
+   `repeats` rounds. One mode runs at a time: two servers on one machine loaded together would share its cores.
+3. Fresh servers every round, started in an order rotated by one per round, where the bench starts them
+   (`servers` a callable): on a 2-core CPU a server started first served 2-3 % more tokens a second than an
+   identical one started after it (two `--no-spec` servers and a default one in rotation, docs/history.md §6),
+   as much as the difference the bench is there to measure at wide batches. Servers given by URL stay as they
+   are.
+4. The same requests everywhere: prompts cycled in the same order, greedy, the same `max_tokens`, and in the
    open loop the same seeded arrival schedule (serve_load.py).
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from .runner import interleaved_order
@@ -41,44 +47,54 @@ class SweepSettings:
                              f"{self.time_limit}; pass --max-tokens and --time-limit values above 0")
 
 
-def sweep(endpoints: list[Endpoint], prompts: list[list[dict]], settings: SweepSettings, api_key: str | None = None,
+Servers = list[Endpoint] | Callable[[int], AbstractContextManager[list[Endpoint]]]
+
+
+def sweep(servers: Servers, prompts: list[list[dict]], settings: SweepSettings, api_key: str | None = None,
           on_progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
     """Run the sweep (rules above) and return its records in run order: each point's settings, the round
     (`repeat`, from 1), the mode, the served model, whether the time limit cut it short, the mean tau over the
-    point, and serve_stats' numbers."""
-    return asyncio.run(_sweep(endpoints, prompts, settings, api_key, on_progress or (lambda *_: None)))
+    point, and serve_stats' numbers. `servers`: the endpoints of every round, or `servers(round)`, a context
+    manager that starts a round's servers and stops them after it (rule 3)."""
+    return asyncio.run(_sweep(servers, prompts, settings, api_key, on_progress or (lambda *_: None)))
 
 
-async def _sweep(endpoints, prompts, settings: SweepSettings, api_key, on_progress) -> list[dict]:
-    clients = {e.label: client_for(e.url, api_key, settings.time_limit) for e in endpoints}
-    try:
-        models = {}
-        for label, client in clients.items():  # 1. warm up, untimed
-            on_progress(0, 0, f"warm-up: {label}")
-            models[label] = await served_model(client)
-            # A failed warm-up is not an error of the sweep: the point's requests fail likewise and are counted.
-            await stream_chat(client, models[label], prompts[0], min(WARMUP_MAX_TOKENS, settings.max_tokens))
-        total = sum(p.requests for p in settings.points) * len(endpoints) * settings.repeats
-        done, records = 0, []
-        rounds = [(point, repeat) for point in settings.points for repeat in range(1, settings.repeats + 1)]
-        for index, (point, repeat) in enumerate(rounds):
-            for label in interleaved_order(list(clients), index):  # 2. rotated per round
-                description = f"{point.label}: {label}" + (f" ({repeat}/{settings.repeats})" if settings.repeats > 1
-                                                           else "")
+async def _sweep(servers: Servers, prompts, settings: SweepSettings, api_key, on_progress) -> list[dict]:
+    fresh = servers if callable(servers) else (lambda _round: nullcontext(servers))
+    done, records, total = 0, [], None
+    for repeat in range(1, settings.repeats + 1):
+        if callable(servers):  # a first start on a machine measures step costs for minutes
+            on_progress(done, total or 0, f"round {repeat}: starting the servers (the first start on a machine "
+                                          "measures step costs: minutes)")
+        with fresh(repeat) as endpoints:
+            clients = {e.label: client_for(e.url, api_key, settings.time_limit) for e in endpoints}
+            try:
+                models = {}
+                for label, client in clients.items():  # 1. warm up, untimed
+                    on_progress(done, total or 0, f"warm-up: {label}")
+                    models[label] = await served_model(client)
+                    # A failed warm-up is not an error of the sweep: the point's requests fail likewise and are
+                    # counted.
+                    await stream_chat(client, models[label], prompts[0], min(WARMUP_MAX_TOKENS, settings.max_tokens))
+                total = total or sum(p.requests for p in settings.points) * len(clients) * settings.repeats
+                for index, point in enumerate(settings.points):
+                    for label in interleaved_order(list(clients), repeat - 1 + index):  # 2. rotated
+                        description = f"{point.label}: {label}" + (f" ({repeat}/{settings.repeats})"
+                                                                   if settings.repeats > 1 else "")
 
-                def advanced() -> None:
-                    nonlocal done
-                    done += 1
-                    on_progress(done, total, description)
+                        def advanced() -> None:
+                            nonlocal done
+                            done += 1
+                            on_progress(done, total, description)
 
-                on_progress(done, total, description)
-                run = await run_point(clients[label], models[label], prompts, point, settings.max_tokens,
-                                      settings.time_limit, on_request=advanced)
-                done += run.unfinished  # the bar counts what the time limit left out as passed
-                records.append({"point": point.label, "concurrency": point.concurrency, "rate": point.rate,
-                                "repeat": repeat, "mode": label, "model": models[label], "cut_short": run.cut_short,
-                                "mean_tau": run.mean_tau,
-                                **summarize_point(run.timings, run.wall_seconds, run.unfinished)})
-        return records
-    finally:
-        await asyncio.gather(*(client.aclose() for client in clients.values()))
+                        on_progress(done, total, description)
+                        run = await run_point(clients[label], models[label], prompts, point, settings.max_tokens,
+                                              settings.time_limit, on_request=advanced)
+                        done += run.unfinished  # the bar counts what the time limit left out as passed
+                        records.append({"point": point.label, "concurrency": point.concurrency, "rate": point.rate,
+                                        "repeat": repeat, "mode": label, "model": models[label],
+                                        "cut_short": run.cut_short, "mean_tau": run.mean_tau,
+                                        **summarize_point(run.timings, run.wall_seconds, run.unfinished)})
+            finally:
+                await asyncio.gather(*(client.aclose() for client in clients.values()))
+    return records

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -104,17 +104,16 @@ def run(args) -> int:
     else:
         set_compute(args)
     context = {"prompt_set": args.prompts, "prompts": len(prompts), "limit": args.limit}
-    with ExitStack() as stack:
-        endpoints = _servers(args, flags, stack, context)
-        with _progress() as on_progress:
-            records = sweep(endpoints, [p.messages for p in prompts], settings, api_key=args.api_key,
-                            on_progress=on_progress)
+    servers = _servers(args, flags, context)
+    with _progress() as on_progress:
+        records = sweep(servers, [p.messages for p in prompts], settings, api_key=args.api_key,
+                        on_progress=on_progress)
     return report(records, settings, _hardware(args), context, args.out)
 
 
-def _servers(args, flags: list[str], stack: ExitStack, context: dict) -> list:
-    """The servers to load: the --url one once ready, or the two modes started here (stopped as `stack` closes).
-    Says which in `context`."""
+def _servers(args, flags: list[str], context: dict):
+    """The servers to load: the --url one once ready, or a function that starts the two modes here for a round
+    (serve_sweep.sweep's `servers`). Says which in `context`."""
     from ..bench.serve_servers import MODES, Endpoint, started_servers, wait_ready
 
     status = Console(stderr=True, highlight=False).status
@@ -124,12 +123,17 @@ def _servers(args, flags: list[str], stack: ExitStack, context: dict) -> list:
             wait_ready(endpoint, args.startup_timeout)
         context["servers"] = {endpoint.label: args.url}
         return [endpoint]
-    with status("starting the servers (a first start on a machine measures step costs: minutes)"):
-        endpoints = stack.enter_context(started_servers(MODES, flags, args.out, args.startup_timeout))
+    for old in args.out.glob("server-*.log"):  # a round appends to its server's log: none of an earlier run
+        old.unlink()
+
+    def fresh(round_: int):  # serve_sweep.py rule 3: fresh servers each round, started in a rotated order
+        return started_servers(MODES, flags, args.out, args.startup_timeout, round_)
+
     context["servers"] = {label: " ".join(["started here: blockdraft serve", *flags, *own]) for label, own in
                           MODES.items()}
+    context["servers_each_round"] = "fresh, started in an order rotated by one per round"
     context |= {"target": args.target or "embedded", "draft": args.draft or "shipped"}
-    return endpoints
+    return fresh
 
 
 def points(args) -> tuple:
