@@ -61,40 +61,56 @@ def sweep(servers: Servers, prompts: list[list[dict]], settings: SweepSettings, 
 
 async def _sweep(servers: Servers, prompts, settings: SweepSettings, api_key, on_progress) -> list[dict]:
     fresh = servers if callable(servers) else (lambda _round: nullcontext(servers))
-    done, records, total = 0, [], None
+    progress, records = _Progress(on_progress), []
     for repeat in range(1, settings.repeats + 1):
-        if callable(servers):  # a first start on a machine measures step costs for minutes
-            on_progress(done, total or 0, f"round {repeat}: starting the servers (the first start on a machine "
-                                          "measures step costs: minutes)")
-        with fresh(repeat) as endpoints:
-            clients = {e.label: client_for(e.url, api_key, settings.time_limit) for e in endpoints}
-            try:
-                models = {}
-                for label, client in clients.items():  # 1. warm up, untimed
-                    on_progress(done, total or 0, f"warm-up: {label}")
-                    models[label] = await served_model(client)
-                    # A failed warm-up is not an error of the sweep: the point's requests fail likewise and are
-                    # counted.
-                    await stream_chat(client, models[label], prompts[0], min(WARMUP_MAX_TOKENS, settings.max_tokens))
-                total = total or sum(p.requests for p in settings.points) * len(clients) * settings.repeats
-                for index, point in enumerate(settings.points):
-                    for label in interleaved_order(list(clients), repeat - 1 + index):  # 2. rotated
-                        description = f"{point.label}: {label}" + (f" ({repeat}/{settings.repeats})"
-                                                                   if settings.repeats > 1 else "")
-
-                        def advanced() -> None:
-                            nonlocal done
-                            done += 1
-                            on_progress(done, total, description)
-
-                        on_progress(done, total, description)
-                        run = await run_point(clients[label], models[label], prompts, point, settings.max_tokens,
-                                              settings.time_limit, on_request=advanced)
-                        done += run.unfinished  # the bar counts what the time limit left out as passed
-                        records.append({"point": point.label, "concurrency": point.concurrency, "rate": point.rate,
-                                        "repeat": repeat, "mode": label, "model": models[label],
-                                        "cut_short": run.cut_short, "mean_tau": run.mean_tau,
-                                        **summarize_point(run.timings, run.wall_seconds, run.unfinished)})
-            finally:
-                await asyncio.gather(*(client.aclose() for client in clients.values()))
+        if callable(servers):
+            progress.say(f"round {repeat}: starting the servers (the first start on a machine measures step costs: "
+                         "minutes)")
+        with fresh(repeat) as endpoints:  # 3. fresh servers where the bench starts them
+            progress.total = sum(p.requests for p in settings.points) * len(endpoints) * settings.repeats
+            records += await _round(endpoints, repeat, prompts, settings, api_key, progress)
     return records
+
+
+async def _round(endpoints: list[Endpoint], repeat: int, prompts, settings: SweepSettings, api_key,
+                 progress: "_Progress") -> list[dict]:
+    """One round on `endpoints`: each server warmed up (rule 1), then every point on every mode (rule 2)."""
+    clients = {e.label: client_for(e.url, api_key, settings.time_limit) for e in endpoints}
+    try:
+        models = {}
+        for label, client in clients.items():
+            progress.say(f"warm-up: {label}")
+            models[label] = await served_model(client)
+            # A failed warm-up is not an error of the sweep: the point's requests fail likewise and are counted.
+            await stream_chat(client, models[label], prompts[0], min(WARMUP_MAX_TOKENS, settings.max_tokens))
+        records = []
+        for index, point in enumerate(settings.points):
+            for label in interleaved_order(list(clients), repeat - 1 + index):
+                text = f"{point.label}: {label}" + (f" ({repeat}/{settings.repeats})" if settings.repeats > 1 else "")
+                progress.say(text)
+                run = await run_point(clients[label], models[label], prompts, point, settings.max_tokens,
+                                      settings.time_limit, on_request=lambda text=text: progress.advance(text))
+                progress.advance(text, run.unfinished)  # the bar counts what the time limit left out as passed
+                records.append({"point": point.label, "concurrency": point.concurrency, "rate": point.rate,
+                                "repeat": repeat, "mode": label, "model": models[label], "cut_short": run.cut_short,
+                                "mean_tau": run.mean_tau,
+                                **summarize_point(run.timings, run.wall_seconds, run.unfinished)})
+        return records
+    finally:
+        await asyncio.gather(*(client.aclose() for client in clients.values()))
+
+
+@dataclass
+class _Progress:
+    """The sweep's requests done of all, passed on to `on_progress(done, total, text)`."""
+
+    report: Callable[[int, int, str], None]
+    total: int = 0
+    done: int = 0
+
+    def say(self, text: str) -> None:
+        self.report(self.done, self.total, text)
+
+    def advance(self, text: str, requests: int = 1) -> None:
+        self.done += requests
+        self.report(self.done, self.total, text)
