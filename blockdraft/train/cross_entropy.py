@@ -11,10 +11,11 @@ and the forward pass computes most of it already: with m_i = max_v z_iv and e = 
     CE_i = m_i + log s_i - z_iy,        softmax(z_i) = e_i / s_i.
 
 So the forward keeps e (in the place of the logits) and the backward scales it, writing the logits' dtype, and
-sets the label's entries: one pass backward instead of recomputing exp(z - lse) and casting the result. Logits of a 16-bit head are read
-as they are and upcast inside the first pass (no float32 copy of them); e and the loss are float32. The row maximum's index is the
-draft's argmax, which the training metrics want: it comes out of the same pass (`cross_entropy_and_argmax`).
-Same value and gradient as F.cross_entropy up to float rounding (tests/test_cross_entropy.py).
+sets the label's entries: one pass backward instead of recomputing exp(z - lse) and casting the result. Logits of
+a 16-bit head are read as they are and upcast inside the first pass (no float32 copy of them); e and the loss are
+float32. The row maximum's index is the draft's argmax, which the training metrics want: it comes out of the same
+pass (`cross_entropy_and_argmax`). Same value and gradient as F.cross_entropy up to float rounding
+(tests/test_cross_entropy.py).
 
 Shapes: r rows, V classes.
 """
@@ -49,17 +50,13 @@ class _HardLabelCrossEntropy(torch.autograd.Function):
         return out, None
 
 
-def _check(logits: torch.Tensor, labels: torch.Tensor) -> None:
-    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy takes logits [r, V] and labels [r], got {tuple(logits.shape)} and "
-                         f"{tuple(labels.shape)}")
-
-
 def cross_entropy_and_argmax(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row CE [r] float32 of logits [r, V] (any float dtype: computed in float32, the gradient in the logits'
     dtype) against class ids labels [r], as F.cross_entropy(logits.float(), labels, reduction="none"), and each
     row's argmax [r] (no gradient)."""
-    _check(logits, labels)
+    if logits.dim() != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"cross_entropy takes logits [r, V] and labels [r], got {tuple(logits.shape)} and "
+                         f"{tuple(labels.shape)}")
     return _HardLabelCrossEntropy.apply(logits, labels)
 
 
