@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..model.target import Target
+from ..model.target import SPAN_GRID, Target
 from .proposers import Proposal
 from .selection import Selector
 from .pending import Pending
@@ -20,15 +20,22 @@ from .tree import ancestors
 
 
 def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
-    """Run the prompts through the target, pick each row's first new token (the first anchor)."""
-    width = int(state.prompt_lengths.max())
-    ids = state.tokens[:, :width]  # [B, P] right-padded prompts
+    """Run the prompts through the target, pick each row's first new token (the first anchor).
+
+    The prompts are right-padded to a multiple of SPAN_GRID positions (model/target.py), alone or batched: the
+    causal attention kernel then sums each query's keys in the same lanes whatever the batch's longest prompt, so
+    a row's cache and first token are the same bits in any batch, in bf16 too (a batch padded to its longest
+    prompt only gave them to that prompt's row; tests/test_decode.py)."""
+    longest = int(state.prompt_lengths.max())
+    width = -(-longest // SPAN_GRID) * SPAN_GRID
+    ids = torch.nn.functional.pad(state.tokens[:, :width], (0, width - min(width, state.tokens.shape[1])))  # [B, P]
     positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
     out = target.forward(ids, positions, state.target_cache, proposer.tap_layer_ids,
                          logit_rows=(state.prompt_lengths - 1)[:, None])
     first = selector.first_token(out.logits[:, 0], state.row_ids, state.prompt_lengths)  # [B]
     state.target_cache.crop_to(state.prompt_lengths)
-    state.pending = Pending(out.features, state.prompt_lengths.clone())
+    features = None if out.features is None else out.features[:, :longest]  # the grid's padding left out
+    state.pending = Pending(features, state.prompt_lengths.clone())
     # The first token is the target's own choice, not a speculative step: it is not counted in tau.
     return state.commit(first[:, None], torch.ones_like(first), None)
 
