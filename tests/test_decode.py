@@ -178,8 +178,8 @@ def test_bf16_chain_speculation_returns_the_target_alones_tokens():
 
 def test_bf16_rows_in_a_batch_return_their_tokens_alone():
     # A batch is right-padded to its longest prompt; unless every prefill's span lies on target.SPAN_GRID, the
-    # causal attention kernel sums a shorter row's keys in other lanes and bf16 rounds its cache apart (3 of 12
-    # prompts parted here, and 5 of 8 HumanEval answers of SmolLM2 in a batch of 8).
+    # causal attention kernel sums a shorter row's keys in other lanes and bf16 rounds its cache apart (1 of these
+    # 12 prompts parted, and 6 of 8 HumanEval answers of SmolLM2 in a batch of 8).
     from blockdraft.model.target import Target
 
     tiny = tiny_target("llama", layers=4, seed=3)
