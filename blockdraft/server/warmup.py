@@ -12,8 +12,8 @@ to r's is measured. For those row counts the partial model gives exactly the ans
 bucket adds its own table and changes no other), so every width choice is the one the warm server makes, and
 nothing is decided from the clock. What warming changes is only how requests are grouped into batches, which on
 a warm server already depends on when requests arrive (docs/design.md §14: in float32 a row's tokens do not
-depend on its batch; in bf16 its prefill does not either, and a rare near-tie may still round apart in a
-decode step, warm or not).
+depend on its batch; in bf16 its prefill does not either, but a decode step's attention may still round a
+near-tie apart, warm or not).
 """
 
 from __future__ import annotations
