@@ -4,10 +4,9 @@ each round (serve_sweep.py, rule 3).
 Servers start one after the other, in an order rotated round by round, each waited for until it is ready
 (`ready`: /health answers 200 and every batch size's step costs are measured): a first start on a machine
 measures step costs for minutes, and two servers measuring at once would each price their steps with the other's
-load. Every server is stopped when the
-`with` block ends, however it ends (an error, Ctrl-C): SIGTERM, then SIGKILL if it has not exited within
-`STOP_SECONDS`. The servers run in sessions of their own, so a Ctrl-C at the terminal reaches the bench alone,
-which then stops them in order.
+load. Every server is stopped when the `with` block ends, however it ends (an error, Ctrl-C): SIGTERM, then
+SIGKILL if it has not exited within `STOP_SECONDS`. The servers run in sessions of their own, so a Ctrl-C at the
+terminal reaches the bench alone, which then stops them in order.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..model.target import SPAN_GRID, Target
+from ..model.target import Target, on_span_grid
 from .proposers import Proposal
 from .selection import Selector
 from .pending import Pending
@@ -27,7 +27,7 @@ def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
     a row's cache and first token are the same bits in any batch, in bf16 too (a batch padded to its longest
     prompt only gave them to that prompt's row; tests/test_decode.py)."""
     longest = int(state.prompt_lengths.max())
-    width = -(-longest // SPAN_GRID) * SPAN_GRID
+    width = on_span_grid(longest)
     ids = torch.nn.functional.pad(state.tokens[:, :width], (0, width - min(width, state.tokens.shape[1])))  # [B, P]
     positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
     out = target.forward(ids, positions, state.target_cache, proposer.tap_layer_ids,

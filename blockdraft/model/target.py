@@ -101,7 +101,7 @@ class Target:
         return torch.device("cpu") if self._rows is not None else self.embed_tokens.weight.device
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        capacity = -(-capacity // SPAN_GRID) * SPAN_GRID  # every span `_attention_mask` rounds up fits
+        capacity = on_span_grid(capacity)  # every span `_attention_mask` rounds up fits
         return KVCache(self.num_layers, batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -253,7 +253,12 @@ SPAN_GRID = 16
 
 
 def _span(needed: int, capacity: int) -> int:
-    return min(-(-needed // SPAN_GRID) * SPAN_GRID, capacity)
+    return min(on_span_grid(needed), capacity)
+
+
+def on_span_grid(positions: int) -> int:
+    """`positions` rounded up to a multiple of SPAN_GRID."""
+    return -(-positions // SPAN_GRID) * SPAN_GRID
 
 
 def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
