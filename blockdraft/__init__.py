@@ -4,11 +4,12 @@ Public API: load_target, load_draft, generate, Completion, DraftConfig, Sampling
 on first use, so `import blockdraft.<module>` stays light.
 """
 
-from . import cpu_switch
+from . import cpu_switch, mkl_mode
 
 __version__ = "0.1.0"
 
 cpu_switch.apply()  # $BLOCKDRAFT_CPU caps torch's kernels before any of them runs
+mkl_mode.request()  # MKL's strict mode before its first call: batched rows keep their bits alone
 
 _PUBLIC = {
     "load_target": "blockdraft.io.targets",

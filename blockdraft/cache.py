@@ -124,6 +124,12 @@ class KVCache:
         self.values = [v[: len(kept)] for v in self._held_values]
         self.lengths = lengths
 
+    def put_rows(self, rows: torch.Tensor, other: "KVCache", upto: int) -> None:
+        """Copy slots [0, upto) of every row of `other` into this cache's rows `rows` [b] (a prefill run on
+        its own cache); lengths are not touched."""
+        for mine, theirs in zip((*self.keys, *self.values), (*other.keys, *other.values)):
+            mine[rows, :, :upto] = theirs[:, :, :upto]
+
     def add_rows(self, other: "KVCache") -> None:
         """Append the rows of `other` (same layers, heads, capacity and dtype) after this cache's rows: into the
         room dropped rows left (their slots below `other`'s longest length), else into new tensors."""

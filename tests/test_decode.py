@@ -176,6 +176,23 @@ def test_bf16_chain_speculation_returns_the_target_alones_tokens():
         assert drafted == alone, f"prompt of {len(prompt)} tokens: bf16 verify blocks left the target's tokens"
 
 
+def test_prompts_of_other_widths_are_prefilled_apart_and_keep_their_tokens_alone():
+    # The CPU attention kernel blocks a prefill's queries by the forward's width: padded to the batch's longest
+    # prompt (304), the 230-token prompt (240 alone) took other blocks, and its bf16 cache and tokens parted from
+    # it alone. Prompts of one padded width are now prefilled together, apart from the others.
+    from blockdraft.model.target import Target
+
+    tiny = tiny_target("llama", layers=4, seed=0)
+    with torch.no_grad():
+        tiny.lm_head.weight.div_(8.0)  # near-ties back: bf16 rounding must not decide them differently
+    target = Target(tiny.model.bfloat16())
+    prompts = random_prompts([60, 100, 140, 150, 170, 200, 230, 250, 300, 228], seed=0)  # 230 and 228: one width
+    batched = [r.tokens for r in Decoder(target, None).generate(prompts, max_new_tokens=24, stop_token_ids=[])]
+    for prompt, tokens in zip(prompts, batched):
+        alone = Decoder(target, None).generate([prompt], max_new_tokens=24, stop_token_ids=[])[0].tokens
+        assert tokens == alone, f"prompt of {len(prompt)} tokens: its row in a bf16 batch left its tokens alone"
+
+
 def test_bf16_rows_in_a_batch_return_their_tokens_alone():
     # A batch is right-padded to its longest prompt; unless every prefill's span lies on target.SPAN_GRID, the
     # causal attention kernel sums a shorter row's keys in other lanes and bf16 rounds its cache apart (1 of these

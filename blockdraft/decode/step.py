@@ -22,19 +22,31 @@ from .tree import ancestors
 def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
     """Run the prompts through the target, pick each row's first new token (the first anchor).
 
-    The prompts are right-padded to a multiple of SPAN_GRID positions (model/target.py), alone or batched: the
-    causal attention kernel then sums each query's keys in the same lanes whatever the batch's longest prompt, so
-    a row's cache and first token are the same bits in any batch, in bf16 too (a batch padded to its longest
-    prompt only gave them to that prompt's row; tests/test_decode.py)."""
+    Each prompt is right-padded to a multiple of SPAN_GRID positions (model/target.py), and prompts of one padded
+    width are prefilled together, apart from the others: a row's prefill then has the shapes it has alone, so its
+    cache and first token are the same bits in any batch, in bf16 too. The CPU attention kernel blocks its queries
+    by the forward's width (a batch padded to its longest prompt gave a shorter row other blocks, and other bits;
+    tests/test_decode.py)."""
     longest = int(state.prompt_lengths.max())
-    width = on_span_grid(longest)
-    ids = torch.nn.functional.pad(state.tokens[:, :width], (0, width - min(width, state.tokens.shape[1])))  # [B, P]
-    positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
-    out = target.forward(ids, positions, state.target_cache, proposer.tap_layer_ids,
-                         logit_rows=(state.prompt_lengths - 1)[:, None])
-    first = selector.first_token(out.logits[:, 0], state.row_ids, state.prompt_lengths)  # [B]
+    widths = [on_span_grid(int(n)) for n in state.prompt_lengths]
+    first = torch.empty(len(widths), dtype=torch.long, device=state.tokens.device)  # [B]
+    features = None
+    for width in sorted(set(widths)):
+        rows = torch.tensor([b for b, w in enumerate(widths) if w == width], device=state.tokens.device)  # [b]
+        ids = torch.nn.functional.pad(state.tokens[rows, :width], (0, width - min(width, state.tokens.shape[1])))
+        positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
+        lengths = state.prompt_lengths[rows]  # [b]
+        cache = state.target_cache if len(rows) == len(widths) else target.new_cache(len(rows), width)
+        out = target.forward(ids, positions, cache, proposer.tap_layer_ids, logit_rows=(lengths - 1)[:, None])
+        first[rows] = selector.first_token(out.logits[:, 0], state.row_ids[rows], lengths)
+        if cache is not state.target_cache:
+            state.target_cache.put_rows(rows, cache, width)
+        if out.features is not None:  # [b, width, L*D] -> [B, longest, L*D], the grid's padding left out
+            if features is None:
+                features = out.features.new_zeros(len(widths), longest, out.features.shape[-1])
+            kept = min(width, longest)
+            features[rows, :kept] = out.features[:, :kept]
     state.target_cache.crop_to(state.prompt_lengths)
-    features = None if out.features is None else out.features[:, :longest]  # the grid's padding left out
     state.pending = Pending(features, state.prompt_lengths.clone())
     # The first token is the target's own choice, not a speculative step: it is not counted in tau.
     return state.commit(first[:, None], torch.ones_like(first), None)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..mkl_mode import warn_unless_strict
 from ..model import kernels
 from ..model.q8 import Q8Rows, rows_can_serve
 from .gguf import open_gguf, read_q4_layers, read_q8_rows
@@ -212,7 +213,8 @@ def load_target(name: str | None = None, *, dtype="auto", device="cpu", trust_re
     that file) stays bf16."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    parse_device(device)  # a missing GPU is named before minutes of loading
+    if parse_device(device).type == "cpu":  # a missing GPU is named before minutes of loading
+        warn_unless_strict()
     weights = resolve_weights(weights, dtype, name, device)
     torch_dtype = parse_dtype(weights_dtype(weights, dtype, name, device), device)
     source = str(embedded_target_folder()) if name in (None, EMBEDDED_TARGET) else name
