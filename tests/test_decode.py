@@ -176,35 +176,31 @@ def test_bf16_chain_speculation_returns_the_target_alones_tokens():
         assert drafted == alone, f"prompt of {len(prompt)} tokens: bf16 verify blocks left the target's tokens"
 
 
-def test_prompts_of_other_widths_are_prefilled_apart_and_keep_their_tokens_alone():
-    # The CPU attention kernel blocks a prefill's queries by the forward's width: padded to the batch's longest
-    # prompt (304), the 230-token prompt (240 alone) took other blocks, and its bf16 cache and tokens parted from
-    # it alone. Prompts of one padded width are now prefilled together, apart from the others.
+def assert_bf16_batch_rows_equal_alone(seed: int, lengths: list[int], prompt_seed: int, max_new_tokens: int):
+    """A 4-layer bf16 target with near-ties (its head scaled down): every row of one batch of random prompts of
+    `lengths` must give the tokens its prompt gives alone."""
     from blockdraft.model.target import Target
 
-    tiny = tiny_target("llama", layers=4, seed=0)
+    tiny = tiny_target("llama", layers=4, seed=seed)
     with torch.no_grad():
         tiny.lm_head.weight.div_(8.0)  # near-ties back: bf16 rounding must not decide them differently
     target = Target(tiny.model.bfloat16())
-    prompts = random_prompts([60, 100, 140, 150, 170, 200, 230, 250, 300, 228], seed=0)  # 230 and 228: one width
-    batched = [r.tokens for r in Decoder(target, None).generate(prompts, max_new_tokens=24, stop_token_ids=[])]
-    for prompt, tokens in zip(prompts, batched):
-        alone = Decoder(target, None).generate([prompt], max_new_tokens=24, stop_token_ids=[])[0].tokens
-        assert tokens == alone, f"prompt of {len(prompt)} tokens: its row in a bf16 batch left its tokens alone"
+    prompts = random_prompts(lengths, seed=prompt_seed)
+    batched = Decoder(target, None).generate(prompts, max_new_tokens=max_new_tokens, stop_token_ids=[])
+    for prompt, result in zip(prompts, batched):
+        alone = Decoder(target, None).generate([prompt], max_new_tokens=max_new_tokens, stop_token_ids=[])[0].tokens
+        assert result.tokens == alone, f"prompt of {len(prompt)} tokens: its row in a bf16 batch left its tokens alone"
+
+
+def test_prompts_of_other_widths_are_prefilled_apart_and_keep_their_tokens_alone():
+    # The CPU attention kernel blocks a prefill's queries by the forward's width: padded to the batch's longest
+    # prompt (304), the 230-token prompt (240 alone) took other blocks, and its bf16 cache and tokens parted from
+    # it alone. Prompts of one padded width are now prefilled together, apart from the others (230 and 228 here).
+    assert_bf16_batch_rows_equal_alone(0, [60, 100, 140, 150, 170, 200, 230, 250, 300, 228], 0, 24)
 
 
 def test_bf16_rows_in_a_batch_return_their_tokens_alone():
     # A batch is right-padded to its longest prompt; unless every prefill's span lies on target.SPAN_GRID, the
     # causal attention kernel sums a shorter row's keys in other lanes and bf16 rounds its cache apart (1 of these
     # 12 prompts parted, and 6 of 8 HumanEval answers of SmolLM2 in a batch of 8).
-    from blockdraft.model.target import Target
-
-    tiny = tiny_target("llama", layers=4, seed=3)
-    with torch.no_grad():
-        tiny.lm_head.weight.div_(8.0)  # near-ties back: bf16 rounding must not decide them differently
-    target = Target(tiny.model.bfloat16())
-    prompts = random_prompts([5, 9, 13, 17, 22, 30, 31, 40, 7, 11, 19, 25], seed=1)
-    batched = [r.tokens for r in Decoder(target, None).generate(prompts, max_new_tokens=32, stop_token_ids=[])]
-    for prompt, tokens in zip(prompts, batched):
-        alone = Decoder(target, None).generate([prompt], max_new_tokens=32, stop_token_ids=[])[0].tokens
-        assert tokens == alone, f"prompt of {len(prompt)} tokens: its row in a bf16 batch left its tokens alone"
+    assert_bf16_batch_rows_equal_alone(3, [5, 9, 13, 17, 22, 30, 31, 40, 7, 11, 19, 25], 1, 32)
