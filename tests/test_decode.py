@@ -193,9 +193,8 @@ def assert_bf16_batch_rows_equal_alone(seed: int, lengths: list[int], prompt_see
 
 
 def test_prompts_of_other_widths_are_prefilled_apart_and_keep_their_tokens_alone():
-    # The CPU attention kernel blocks a prefill's queries by the forward's width: padded to the batch's longest
-    # prompt (304), the 230-token prompt (240 alone) took other blocks, and its bf16 cache and tokens parted from
-    # it alone. Prompts of one padded width are now prefilled together, apart from the others (230 and 228 here).
+    # The CPU attention kernel's result for a prompt depends on the width the forward is padded to: padded to the
+    # batch's longest prompt (304), the 230-token prompt (240 alone) parted from its tokens alone in bf16. Prompts of one padded width are now prefilled together, apart from the others (230 and 228 here).
     assert_bf16_batch_rows_equal_alone(0, [60, 100, 140, 150, 170, 200, 230, 250, 300, 228], 0, 24)
 
 

@@ -24,9 +24,9 @@ def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
 
     Each prompt is right-padded to a multiple of SPAN_GRID positions (model/target.py), and prompts of one padded
     width are prefilled together, apart from the others: a row's prefill then has the shapes it has alone, so its
-    cache and first token are the same bits in any batch, in bf16 too. The CPU attention kernel blocks its queries
-    by the forward's width (a batch padded to its longest prompt gave a shorter row other blocks, and other bits;
-    tests/test_decode.py)."""
+    cache and first token are the same bits in any batch, in bf16 too. The CPU attention kernel's result for a
+    prompt depends on the width the forward is padded to (padded to a longer neighbour's width, a row's cache
+    parted in the last bits; tests/test_decode.py, docs/design.md §14)."""
     longest = int(state.prompt_lengths.max())
     widths = [on_span_grid(int(n)) for n in state.prompt_lengths]
     first = torch.empty(len(widths), dtype=torch.long, device=state.tokens.device)  # [B]
