@@ -37,11 +37,20 @@ def split_target(args) -> int:
     from blockdraft.io.targets import embedded_gguf_path, sha256_file
 
     gguf = embedded_gguf_path()
-    size, room = gguf.stat().st_size, CALL_LIMIT - _travelling_bytes() - DATA_ROOM
-    if room < 4 * MIB:
-        print(f"the tracked files leave {room / MIB:.1f} MiB a call: too little for parts of the target", file=sys.stderr)
+    size, travelling = gguf.stat().st_size, _travelling_bytes()
+    room = CALL_LIMIT - travelling - DATA_ROOM
+    if args.parts:  # sized by the caller (a plan without a data stage needs little room): parts must still fit
+        count = args.parts
+        if travelling + math.ceil(size / count) > CALL_LIMIT:
+            print(f"{count} parts of {size / count / MIB:.1f} MiB beside {travelling / MIB:.1f} MiB of tracked files "
+                  f"pass the {CALL_LIMIT // MIB} MiB a call may carry: take more parts", file=sys.stderr)
+            return 2
+    elif room < 4 * MIB:
+        print(f"the tracked files leave {room / MIB:.1f} MiB a call: too little for parts of the target; "
+              "give --parts for a plan without a data stage", file=sys.stderr)
         return 2
-    count = args.parts or math.ceil(size / room)
+    else:
+        count = math.ceil(size / room)
     for old in gpu_folders():
         shutil.rmtree(old)
     step = math.ceil(size / count)

@@ -320,6 +320,29 @@ def test_split_cuts_the_gguf_into_parts_that_join_back_with_its_sha256(tmp_path,
     assert "/.gpu_1/" in (tmp_path / ".git" / "info" / "exclude").read_text(), "parts stay out of git"
 
 
+def test_split_takes_the_parts_asked_for_while_they_fit_beside_the_tracked_files(tmp_path, monkeypatch):
+    # 48 MiB of tracked files leave too little of a call's 64 for the data room, but parts of a plan without a
+    # data stage still fit; parts that would not fit are refused before any old part is removed.
+    from types import SimpleNamespace
+
+    import blockdraft.io.targets as targets
+
+    gguf = tmp_path / "target.gguf"
+    gguf.write_bytes(b"x" * 1000)
+    monkeypatch.setattr(targets, "embedded_gguf_path", lambda: gguf)
+    monkeypatch.setattr(gpu_prep, "REPO", tmp_path)
+    monkeypatch.setattr(gpu_prep, "CALL_LIMIT", 600)
+    monkeypatch.setattr(gpu_prep, "DATA_ROOM", 200)
+    monkeypatch.setattr(gpu_prep, "_travelling_bytes", lambda: 450)  # room 600 - 450 - 200 < 0
+    monkeypatch.setattr(gpu_prep.subprocess, "run", lambda command, check: None)
+    (tmp_path / ".gpu_1").mkdir()
+    assert gpu_prep.split_target(SimpleNamespace(parts=None)) == 2, "no room for parts of its own choosing"
+    assert gpu_prep.split_target(SimpleNamespace(parts=6)) == 2, "parts of 167 bytes beside 450 pass 600"
+    assert (tmp_path / ".gpu_1").is_dir(), "a refused split leaves the old parts"
+    assert gpu_prep.split_target(SimpleNamespace(parts=7)) == 0, "parts of 143 bytes beside 450 fit in 600"
+    assert len(gpu_prep.gpu_folders()) == 7
+
+
 @pytest.mark.slow
 @needs_smollm2
 def test_dry_run_of_the_next_window_continues_the_shipped_draft_on_the_carried_data(tmp_path):
