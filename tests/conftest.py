@@ -131,7 +131,7 @@ def own_proposer(target: Target, draft, policy, lookup=None, *, tree: bool = Fal
         return TargetAlone()
     drafter = Decoder(target, draft, DecodeOptions(block_size=block_size)).drafter()
     if tree:
-        return TreeProposer(drafter, policy, lookup)
+        return TreeProposer(drafter, policy, lookup, int(target.lm_head.weight.shape[0]))
     return ChainProposer(drafter, policy, lookup, int(target.lm_head.weight.shape[0]))
 
 

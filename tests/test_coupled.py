@@ -70,8 +70,8 @@ def test_noise_at_the_wrong_position_fails_the_equality_test(setup, monkeypatch)
     of the seed: the equality test must catch it."""
     target, prompts, references = setup
     accept = Selector.accept
-    monkeypatch.setattr(Selector, "accept", lambda self, logits, q, proposals, rows, positions:
-                        accept(self, logits, q, proposals, rows, positions + 1))
+    monkeypatch.setattr(Selector, "accept", lambda self, logits, q, proposals, rows, positions, limits=None:
+                        accept(self, logits, q, proposals, rows, positions + 1, limits))
     got = coupled(target, tiny_draft(target, block_size=K), prompts)
     assert got != [ref[len(p): len(p) + MAX_NEW] for ref, p in zip(references, prompts)], (
         "noise at the wrong position passed the equality test; the test has no power")

@@ -9,7 +9,7 @@ import torch
 from blockdraft.decode.generate import generate
 
 from blockdraft.decode.proposers import TargetAlone
-from blockdraft.decode.lookup import UNDRAFTED_GRAFT_ROWS, PromptLookup, continuation, lookup_block
+from blockdraft.decode.lookup import PromptLookup, continuation, lookup_block
 from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 from blockdraft.decode.selection import Selector
@@ -174,18 +174,42 @@ def test_a_re_try_that_cannot_win_is_asked_again_only_after_another_interval():
     assert 1 <= len(asked) <= steps // lookup.explore_every, f"asked {len(asked)} times in {steps} steps"
 
 
-def test_a_graft_onto_a_plain_step_costs_no_draft_up_to_two_rows_and_a_drafted_step_beyond():
-    # Plain steps 11 ms; drafting costs 20 ms more; 1 ms per verified position. A run that gets 0.6 tokens
-    # accepted pays alone (1.6 tokens in 12 ms against 1 in 11), and at 2 rows, whose shorter rows are filled
-    # with their anchor repeated (tree.py); in a wider batch the draft fills the rows (1.6 tokens in 32 ms).
+def test_a_graft_onto_a_plain_step_costs_no_draft_and_each_row_only_its_own_run():
+    # Plain steps 11 ms; drafting costs 20 ms more; 1 ms per verified position of every row. Runs onto a plain step
+    # make a ragged chain (step.py): no draft, and a row verifies its own run only. A run that gets 0.6 tokens
+    # accepted pays alone (1.6 tokens in 12 ms against 1 in 11), and so in any batch, however few of its rows
+    # hold a run: each row pays for its own positions only.
     costs = linear_costs(plain=0.011, draft=0.020, per_position=0.001)
     draft = missing_tree(costs)
     lookup = PromptLookup(4, costs)
     for _ in range(30):
         lookup.observe_graft(1, [1, 0, 1, 1, 0])
-    for rows, graft in ((1, 1), (UNDRAFTED_GRAFT_ROWS, 1), (UNDRAFTED_GRAFT_ROWS + 2, 0)):
+    for rows in (1, 2, 4, 8, 16):
         draft.at_batch(rows)
-        assert lookup.graft_length(draft, 1, 1, rows=rows) == graft, f"{rows} rows"
+        assert lookup.graft_length(draft, 1, 1, rows=rows) == 1, f"{rows} rows"
+        assert lookup.graft_length(draft, 1, 1, rows=rows, runs=[1] + [0] * (rows - 1)) == 1, f"{rows} rows"
+    # At 11 ms a position the same run costs more than it brings, in a batch as alone.
+    costs = linear_costs(plain=0.011, draft=0.020, per_position=0.011)
+    draft, lookup = missing_tree(costs), PromptLookup(4, costs)
+    for _ in range(30):
+        lookup.observe_graft(1, [1, 0, 1, 1, 0])
+    for rows in (1, 8):
+        draft.at_batch(rows)
+        assert lookup.graft_length(draft, 1, 1, rows=rows, runs=[1] * rows) == 0, f"{rows} rows"
+
+
+def test_rows_without_a_run_are_not_counted_as_misses():
+    costs = linear_costs(plain=0.011, draft=0.0, per_position=0.001)
+    alone, ragged = PromptLookup(4, costs), PromptLookup(4, costs)
+    for _ in range(20):
+        alone.observe_graft(3, [3, 1])
+        ragged.observe_graft(3, [3, 1, 0, 0], runs=[3, 3, 0, 0])  # two more rows had no run
+    a, r = alone.policy.alpha(), ragged.policy.alpha()
+    assert torch.allclose(a, r), f"rows without a run changed the lookup's acceptance: {a} vs {r}"
+    miss = PromptLookup(4, costs)
+    for _ in range(20):
+        miss.observe_graft(3, [3, 1, 0, 0])  # the same steps counted as if every row had a full run
+    assert miss.policy.alpha()[0] < a[0] - 0.2, "counting rows without a run as misses halves slot 1's rate"
 
 
 def test_runs_are_looked_up_only_when_a_graft_may_pay():

@@ -120,7 +120,7 @@ def test_speculative_sampling_accepts_and_rejects(small_models):
     )
 
 
-def accept_everything(p, q, draft_tokens, generator=None):
+def accept_everything(p, q, draft_tokens, generator=None, limits=None):
     """Wrong: every proposal accepted, so committed proposals follow q instead of p."""
     B, K, _ = p.shape
     uniforms = draw_uniforms(generator, (B, K), p.device)
@@ -128,7 +128,7 @@ def accept_everything(p, q, draft_tokens, generator=None):
     return num_accepted, sample_from_uniforms(p[:, K - 1], uniforms[:, -1])
 
 
-def replace_from_p(p, q, draft_tokens, generator=None):
+def replace_from_p(p, q, draft_tokens, generator=None, limits=None):
     """Wrong: the replacement after a rejection drawn from p instead of norm(max(0, p - q))."""
     B, K, _ = p.shape
     uniforms = draw_uniforms(generator, (B, K), p.device)

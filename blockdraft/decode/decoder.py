@@ -92,7 +92,7 @@ class Decoder:
         lookup = PromptLookup(K, costs, table=getattr(drafter, "ngrams", None)) if options.lookup else None
         policy = make_policy(K, options.adaptive, costs, options.tree)
         if options.tree:
-            return TreeProposer(drafter, policy, lookup)
+            return TreeProposer(drafter, policy, lookup, int(self.target.lm_head.weight.shape[0]))
         return ChainProposer(drafter, policy, lookup, int(self.target.lm_head.weight.shape[0]))
 
     def selector(self, rows: int, options: DecodeOptions, seeds: list[int | None] | None = None) -> Selector:

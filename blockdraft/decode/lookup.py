@@ -97,14 +97,6 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
     return torch.from_numpy(out).to(tokens.device), torch.from_numpy(found).to(tokens.device)
 
 
-# The widest batch whose runs are grafted onto a plain step without the draft (rows filled with their anchor
-# repeated, tree.py). At q4, 8 HumanEval prompts, interleaved in one session (EPYC Zen 5, 2 threads, 2026-11-28):
-# at 2 rows default / target alone rose from 0.98x to 1.04-1.06x, at 4 and 8 rows it fell from 1.00-1.02x to
-# 0.97-0.98x (wider trees' verify at 4+ rows costs more than the chain-measured slope prices); wider batches
-# fill with draft nodes, priced as a drafted step, as before.
-UNDRAFTED_GRAFT_ROWS = 2
-
-
 class PromptLookup:
     """Chooses between the draft's block and a lookup block each step, and owns the lookup's width policy."""
 
@@ -170,9 +162,10 @@ class PromptLookup:
                 counts[b] = len(run)
         return (proposals, counts) if bool(counts.any()) else None
 
-    def graft_length(self, draft_policy, width: int, available: int, rows: int = 1) -> int:
+    def graft_length(self, draft_policy, width: int, available: int, rows: int = 1,
+                     runs: list[int] | None = None) -> int:
         """How many looked-up tokens (0..available) of the runs found last to graft onto the draft's tree of
-        `width` nodes over `rows` rows (step.py).
+        `width` nodes over `rows` rows (step.py); `runs`: each row's run length (None: every row's is `available`).
 
         Each grafted token costs one more verified position (`seconds_per_position` of the draft's policy) and
         is counted as adding the tokens the lookup gets accepted on its own (the E of the runs' source, from its
@@ -180,14 +173,16 @@ class PromptLookup:
 
             m* = argmax_m (E_tree(width) + E_lookup(m + 1) - 1) / (t_tree(width) + m * c)
 
-        A run grafted onto a plain step (width 1) is verified without the draft, at t(1) + m * c, in a batch of up
-        to UNDRAFTED_GRAFT_ROWS rows too (rows with shorter runs are filled up with their anchor repeated, tree.py);
-        in a wider batch the rows are filled up with draft nodes, so it costs a drafted step of 1 + m nodes.
+        A run grafted onto a plain step (width 1) runs no draft: each row verifies its own run, up to m tokens, in
+        a ragged chain (step.py), and a row without one its anchor alone. That step is priced by the rows' mean:
+
+            m* = argmax_m (1 + mean_b E_lookup(min(r_b, m) + 1) - 1) / (t(1) + mean_b min(r_b, m) * c)
+
         A fixed-width draft policy cannot say, and gets the whole run; so does every `explore_every`-th step
         without a graft, so that a lookup that starts to hit is noticed, or less often where that re-measurement
         would cost more than `explore_budget` of the decode time (shared by a batch's rows, as the width policy's).
         """
-        return self._length(self.current, draft_policy, width, available, rows)
+        return self._length(self.current, draft_policy, width, available, rows, runs)
 
     def policies(self) -> tuple:
         """The lookup's width policies: prompt runs', and the table runs' where it has a table."""
@@ -198,45 +193,49 @@ class PromptLookup:
         row's context costs a few percent of a batched plain step)."""
         return any(self._length(policy, draft_policy, width, self.width - 1, rows) > 0 for policy in self.policies())
 
-    def _length(self, policy, draft_policy, width: int, available: int, rows: int) -> int:
+    def _length(self, policy, draft_policy, width: int, available: int, rows: int,
+                runs: list[int] | None = None) -> int:
         whole = min(available, self.width - 1)
         if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(policy, AdaptiveWidth):
             return whole  # a fixed width cannot price a graft
+        # Each row's run, as far as it can count: onto a plain step its own; onto a tree every row's m nodes.
+        runs = tuple(min(r, whole) for r in runs) if width == 1 and runs is not None else (whole,)
         # The choice changes only with either policy's counts: a decode asks the same question at most steps.
-        key = (draft_policy, draft_policy.version, policy, policy.version, width, available, rows,
+        key = (draft_policy, draft_policy.version, policy, policy.version, width, available, rows, runs,
                self.explore_every, self.explore_budget)
         if key not in self._planned:
             if len(self._planned) > 256:
                 self._planned.clear()
-            self._planned[key] = self._plan_graft(policy, draft_policy, width, available, rows, whole)
+            self._planned[key] = self._plan_graft(policy, draft_policy, width, available, rows, whole, runs)
         best, interval, (tree_gain, whole_seconds, best_rate) = self._planned[key]
         if self.since_graft < self._declined.get(policy, 0) + interval or whole == best:
             return best
         # A whole-run re-try only where the run could win at an optimistic acceptance (policy.py, `could_win`),
         # its counts faded over the steps since the last graft; where it cannot, asked again after another
         # interval, as the width policy does, not at every step until it can.
-        optimistic = tree_gain + policy.optimistic_gain(whole + 1, fade=FADE ** self.since_graft) - 1
+        fade = FADE ** self.since_graft
+        optimistic = tree_gain + _mean(policy.optimistic_gain(min(r, whole) + 1, fade=fade) - 1 for r in runs)
         if optimistic / whole_seconds > best_rate:
             return whole
         self._declined[policy] = self.since_graft
         return best
 
-    def _plan_graft(self, policy, draft_policy, width: int, available: int, rows: int,
-                    whole: int) -> tuple[int, float, tuple[float, float, float]]:
+    def _plan_graft(self, policy, draft_policy, width: int, available: int, rows: int, whole: int,
+                    runs: tuple[int, ...]) -> tuple[int, float, tuple[float, float, float]]:
         """(the graft length with the most expected tokens per second, steps between whole-run re-tries, and for
-        judging a re-try: the tree's E, a whole run's step seconds, the best length's tokens per second)."""
+        judging a re-try: the tree's E, a whole run's step seconds, the best length's tokens per second), for
+        rows whose runs count `runs` tokens (one entry: every row's)."""
         cost = draft_policy.seconds_per_position()
-        drafted = width == 1 and rows > UNDRAFTED_GRAFT_ROWS  # priced as a drafted step of one node
         # The tree's expected step time, as its own policy judges it (without a graft, a plain step stays plain).
-        seconds = draft_policy.step_seconds(2) - cost if drafted else draft_policy.step_seconds(width)
+        seconds = draft_policy.step_seconds(width)
 
-        def step_time(m: int) -> float:
-            return draft_policy.step_seconds(1) if drafted and m == 0 else seconds + m * cost
+        def step_time(m: int) -> float:  # a row verifies min(r, m) more positions (a tree: every row m)
+            return seconds + _mean(min(r, m) for r in runs) * cost
 
-        tree_gain, gain = float(draft_policy.gains()[width - 1]), policy.gains()  # gain[m]: E(m + 1)
+        tree_gain, gain = float(draft_policy.gains()[width - 1]), policy.gains().tolist()  # gain[m]: E(m + 1)
 
         def tokens(m: int) -> float:
-            return tree_gain + float(gain[m]) - 1
+            return tree_gain + _mean(gain[min(r, m)] - 1 for r in runs)
 
         lengths = sorted({0} | {min(w - 1, available) for w in policy.widths})
         best = max(lengths, key=lambda m: tokens(m) / step_time(m))
@@ -245,12 +244,13 @@ class PromptLookup:
         interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget, rows)
         return best, interval, (tree_gain, step_time(whole), tokens(best) / step_time(best))
 
-    def observe_graft(self, graft: int, accepted: list[int]) -> None:
-        """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted."""
+    def observe_graft(self, graft: int, accepted: list[int], runs: list[int] | None = None) -> None:
+        """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted,
+        of runs[r] it held (None: all `graft`)."""
         self.since_graft = 0 if graft else self.since_graft + 1
         if graft:
             self._declined.clear()
-            self.current.record(graft + 1, accepted)
+            self.current.record(graft + 1, accepted, reach=runs)
             self.steps += 1
 
     def preferred_over(self, draft_policy) -> bool:
@@ -259,3 +259,8 @@ class PromptLookup:
         if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(self.current, AdaptiveWidth):
             return True
         return self.current.best_rate() >= draft_policy.best_rate()
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)

@@ -258,17 +258,19 @@ class AdaptiveWidth:
         if width > 1:
             self.last_observed = self.steps
 
-    def record(self, width: int, num_accepted: list[int]) -> None:
-        """Row r accepted num_accepted[r] of the width-1 proposals it was given."""
+    def record(self, width: int, num_accepted: list[int], reach: list[int] | None = None) -> None:
+        """Row r accepted num_accepted[r] of the width-1 proposals it was given (of reach[r] <= width-1 where a
+        row was given fewer: a ragged step)."""
         if width == 1:
             return  # nothing was proposed: acceptance counts stay as they were
         self._changed()
         self.reached *= self.decay
         self.accepted *= self.decay
         slots = torch.arange(1, width, dtype=torch.long)  # slots 1..w-1
-        for a in num_accepted:
-            self.reached[: width - 1] += (slots <= a + 1).double()  # slot k is reached when k-1 were accepted
-            self.accepted[: width - 1] += (slots <= a).double()
+        for r, a in enumerate(num_accepted):
+            given = (slots <= reach[r]).double() if reach is not None else 1.0  # slots row r had a proposal for
+            self.reached[: width - 1] += (slots <= a + 1).double() * given  # slot k is reached when k-1 were accepted
+            self.accepted[: width - 1] += (slots <= a).double() * given
 
 
 class TreeWidth(AdaptiveWidth):

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from .drafter import Drafter
-from .lookup import UNDRAFTED_GRAFT_ROWS, PromptLookup
+from .lookup import PromptLookup
 from .policy import TreeWidth, WidthPolicy
 from .selection import Selector
 from .state import DecodeState
@@ -34,6 +34,7 @@ class Proposal:
     drafted: bool  # whether the draft took in the pending context this step (else it waits for the next)
     reach: int  # the slots this step could reach (its width), for the per-position rates
     lookup: bool = False  # whether looked-up tokens are among the guesses
+    widths: torch.Tensor | None = None  # [B] a ragged chain: row b's first widths[b] nodes are real; None: all N
 
     @property
     def tree(self) -> Tree:
@@ -118,10 +119,14 @@ class ChainProposer:
 
 class TreeProposer:
     """The draft's `width` likeliest nodes as a token tree (tree.py), with, given a `lookup`, each row's looked-up
-    run grafted on as one more path from the anchor when it pays: one verify tries both."""
+    run grafted on as one more path from the anchor when it pays: one verify tries both. Runs grafted onto a
+    plain step (the policy's width 1) make a ragged chain instead: each row verifies its own run, without the
+    draft, and a row without one its anchor alone."""
 
-    def __init__(self, drafter: Drafter, policy: WidthPolicy, lookup: PromptLookup | None = None) -> None:
+    def __init__(self, drafter: Drafter, policy: WidthPolicy, lookup: PromptLookup | None = None,
+                 vocab_size: int = 0) -> None:
         self.drafter, self.policy, self.lookup = drafter, policy, lookup
+        self.vocab_size = vocab_size  # the target's: a looked-up guess's q is one-hot over it
         self.tap_layer_ids = drafter.tap_layer_ids
         self.block_size = drafter.block_size
         # Up to 2K nodes, and a lookup run grafted onto them.
@@ -139,26 +144,26 @@ class TreeProposer:
         if width == 1 and graft == 0:  # a plain step
             return chain(anchors, anchors.new_zeros(B, 0), None, drafted=False)
         self.runs = (found[0][:, :graft], found[1].clamp(max=graft)) if graft > 0 else (None, None)
+        if width == 1:  # runs onto a plain step: a ragged chain of each row's own run, the draft not run
+            guesses, q = selector.point_mass(self.runs[0], self.vocab_size)  # [B, graft], [B, graft, V] or None
+            proposal = chain(anchors, guesses, q, drafted=False, lookup=True)
+            proposal.widths = 1 + self.runs[1]  # [B]
+            return proposal
         # The draft's slot distributions, then the likeliest nodes over them, then the runs. A row of a batch whose
-        # run adds fewer nodes is filled up with more draft nodes where the draft runs (so a graft onto a drafted
-        # batch drafts every slot), else with its anchor repeated (tree.py), at no draft cost: a plain step's
-        # graft runs the draft only in batches wider than UNDRAFTED_GRAFT_ROWS (lookup.py).
-        drafted = width > 1 or (graft > 0 and B > UNDRAFTED_GRAFT_ROWS)
-        candidates = None
-        if drafted:
-            self.drafter.append_context(state.pending.features, state.pending.counts)
-            K = self.drafter.block_size
-            slots = K - 1 if graft > 0 and B > 1 else min(K - 1, width - 1)
-            ahead = s[:, None] + 1 + torch.arange(slots, device=s.device)  # [B, n]: the slots' positions
+        # run adds fewer nodes is filled up with more draft nodes (tree.py).
+        self.drafter.append_context(state.pending.features, state.pending.counts)
+        K = self.drafter.block_size
+        slots = K - 1 if graft > 0 and B > 1 else min(K - 1, width - 1)
+        ahead = s[:, None] + 1 + torch.arange(slots, device=s.device)  # [B, n]: the slots' positions
 
-            def score(logits, ids, vocab_size):  # coupled sampling ranks the candidates under their positions' noise
-                return selector.draft_scores(logits, ids, vocab_size, ahead, state.row_ids)
+        def score(logits, ids, vocab_size):  # coupled sampling ranks the candidates under their positions' noise
+            return selector.draft_scores(logits, ids, vocab_size, ahead, state.row_ids)
 
-            candidates = self.drafter.propose_top(anchors, s, slots, TOP_K, score)  # scores, tokens [B, n, k]
-            self.size = min(width, max_nodes(slots, TOP_K))
+        candidates = self.drafter.propose_top(anchors, s, slots, TOP_K, score)  # scores, tokens [B, n, k]
+        self.size = min(width, max_nodes(slots, TOP_K))
         tree, self.run_nodes = build_grafted_tree(anchors, candidates, self.size, *self.runs)  # run_nodes [B, graft]
         reach = int(tree.depths.max()) + 1  # the slots this tree reached
-        return Proposal(tree.tokens, tree.depths, tree.parents, None, drafted, reach, lookup=graft > 0)
+        return Proposal(tree.tokens, tree.depths, tree.parents, None, True, reach, lookup=graft > 0)
 
     def _graft_runs(self, state: DecodeState, width: int):
         """The rows' lookup runs (guesses [B, W-1], lengths [B]; None without a match) and how many of their
@@ -172,7 +177,7 @@ class TreeProposer:
         found = lookup.runs(state.tokens, state.lengths)
         if found is None:
             return None, 0
-        graft = lookup.graft_length(self.policy, width, int(found[1].max()), rows=rows)
+        graft = lookup.graft_length(self.policy, width, int(found[1].max()), rows=rows, runs=found[1].tolist())
         if graft == 0:
             lookup.observe_graft(0, [])
         return found, graft
@@ -181,8 +186,10 @@ class TreeProposer:
         """Tell each source's policy what its part of the step accepted, as if verified alone: the draft's first
         `size` nodes, and the grafted runs. A run grafted onto a plain step of a wide batch ran the draft too (to
         fill rows up), which tells nothing of the draft's own nodes."""
-        if proposal.parents is None:  # a plain step
-            self.policy.observe(1, num_accepted.tolist())
+        if proposal.parents is None:  # a plain step, or runs in a ragged chain
+            self.policy.observe(1, [0] * len(num_accepted))
+            if proposal.widths is not None:
+                self.lookup.observe_graft(self.graft, num_accepted.tolist(), runs=self.runs[1].tolist())
             return
         tree = proposal.tree
         if not (self.size == 1 and proposal.drafted):
@@ -198,4 +205,4 @@ class TreeProposer:
             lengths = self.runs[1]
             on_run = torch.arange(self.graft, device=ok.device)[None, :] < lengths[:, None]  # [B, graft]
             hits = ok.gather(1, self.run_nodes) & on_run  # a run token is accepted when its node is
-            self.lookup.observe_graft(self.graft, hits.long().cumprod(dim=1).sum(dim=1).tolist())
+            self.lookup.observe_graft(self.graft, hits.long().cumprod(dim=1).sum(dim=1).tolist(), lengths.tolist())

@@ -177,17 +177,21 @@ class Selector:
             return proposals, None
         return proposals, torch.nn.functional.one_hot(proposals, vocab_size).float()
 
-    def accept(self, target_logits, draft_probs, proposals, row_ids, positions=None):
+    def accept(self, target_logits, draft_probs, proposals, row_ids, positions=None, limits=None):
         """Number of accepted proposals [B] and the target's own token at slot a [B] (bonus or replacement), from
-        the target's logits [B, K, V] for the tokens at positions [B, K]."""
+        the target's logits [B, K, V] for the tokens at positions [B, K]. `limits` [B] (a ragged block): row b
+        proposed only its first limits[b] tokens; the rest is padding, never accepted, whose logits may be
+        anything."""
+        if limits is not None:  # a padding proposal equals no pick
+            padding = torch.arange(proposals.shape[1], device=proposals.device)[None, :] >= limits[:, None]
         if self.deterministic:
             scores = self.pick_scores(target_logits, row_ids, positions)  # [B, K, V]
             if proposals.shape[1] == 0:  # a plain step: the pick alone (greedy_step's answer, in fewer ops)
                 return proposals.new_zeros(proposals.shape[0]), first_argmax(scores[:, 0])
-            return greedy_step(scores, proposals)
+            return greedy_step(scores, proposals if limits is None else proposals.masked_fill(padding, -1))
         p = logits_to_probs(target_logits, self.params)  # [B, K, V]
         q = draft_probs if draft_probs is not None else p.new_zeros(p.shape[0], 0, p.shape[-1])
-        num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids))
+        num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids), limits=limits)
         return num_accepted.to(proposals.device), token.to(proposals.device)
 
     def tree_accept(self, target_logits, tree: Tree, row_ids, positions=None):

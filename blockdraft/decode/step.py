@@ -63,9 +63,11 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
     B, N = proposal.tokens.shape
     index = torch.arange(N, device=s.device).expand(B, N)  # [B, N]
     is_tree = proposal.parents is not None
+    #    A ragged chain (`widths`) runs only each row's own nodes through the target's products.
     out = target.forward(proposal.tokens, s[:, None] + proposal.depths, state.target_cache,
                          proposer.tap_layer_ids, logit_rows=index, slots=s[:, None] + index if is_tree else None,
-                         block_mask=ancestors(proposal.parents) if is_tree else None)  # logits [B, N, V]
+                         block_mask=ancestors(proposal.parents) if is_tree else None,
+                         widths=proposal.widths)  # logits [B, N, V]
 
     # 3. Accept: the path of guesses the target agrees with (or, sampling, accepts), then the target's own token
     #    after its deepest node (bonus or replacement) at path slot a.
@@ -101,7 +103,8 @@ def accept(selector: Selector, logits: torch.Tensor, proposal: Proposal, row_ids
     a tree by walking it (greedy or coupled: equality with the target's pick; sampling: point-mass tests)."""
     picks = s[:, None] + proposal.depths + 1  # [B, N]: node i's logits pick the token after it
     if proposal.parents is None:
-        num_accepted, token = selector.accept(logits, proposal.q, proposal.tokens[:, 1:], row_ids, picks)  # [B]
+        limits = None if proposal.widths is None else proposal.widths - 1  # [B] each row's own guesses
+        num_accepted, token = selector.accept(logits, proposal.q, proposal.tokens[:, 1:], row_ids, picks, limits)
         if proposal.tokens.shape[1] == 1:  # a plain step: the anchor alone
             return num_accepted[:, None], num_accepted, None, token  # path [B, 1] of node 0
         P = int(num_accepted.max()) + 1

@@ -79,23 +79,28 @@ def residual(x: torch.Tensor, update: torch.Tensor, keep: bool) -> torch.Tensor:
 
 
 def qkv_function(heads: int, kv_heads: int, head_dim: int, stacked=None, separate=None, qk_norms=None):
-    """A layer's attention inputs: (x [M, D] normed, B, T, cos, signed_sin [B, 1, T, Dh]) -> q [B, H, T, Dh] and
-    k [B, Hkv, T, Dh] rotated, v [B, Hkv, T, Dh]; M = B * T rows. Over one `stacked` product (q, k and v rows in
-    one weight) or the `separate` (q, k, v) products; `qk_norms` (Qwen3's per-head q and k norms) before RoPE."""
+    """A layer's attention inputs: (x [M, D] normed, B, T, cos, signed_sin [B, 1, T, Dh], spread) -> q [B, H, T, Dh]
+    and k [B, Hkv, T, Dh] rotated, v [B, Hkv, T, Dh]; M = B * T rows, or with `spread` (a ragged forward:
+    target.Ragged) the M' real ones, which each product's output is spread from. Over one `stacked` product (q, k
+    and v rows in one weight) or the `separate` (q, k, v) products; `qk_norms` (Qwen3's per-head q and k norms)
+    before RoPE."""
     H, Hkv, Dh = heads, kv_heads, head_dim
 
-    def qkv(x, B, T, c, s):
+    def qkv(x, B, T, c, s, spread=None):
+        if spread is None:
+            def spread(y):
+                return y
         if stacked is not None:
-            out = stacked(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
+            out = spread(stacked(x)).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
             if qk_norms is None:  # q and k rotated together: the same ops, half the calls
                 qk = rotate(out[:, : H + Hkv], c, s)  # [B, H + Hkv, T, Dh]
                 return qk[:, :H], qk[:, H:], out[:, H + Hkv :]
             q, k, v = out[:, :H], out[:, H : H + Hkv], out[:, H + Hkv :]
         else:
             q_proj, k_proj, v_proj = separate
-            q = q_proj(x).view(B, T, H, Dh).transpose(1, 2)  # [B, H, T, Dh]
-            k = k_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)  # [B, Hkv, T, Dh]
-            v = v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+            q = spread(q_proj(x)).view(B, T, H, Dh).transpose(1, 2)  # [B, H, T, Dh]
+            k = spread(k_proj(x)).view(B, T, Hkv, Dh).transpose(1, 2)  # [B, Hkv, T, Dh]
+            v = spread(v_proj(x)).view(B, T, Hkv, Dh).transpose(1, 2)
         if qk_norms is not None:
             q, k = qk_norms[0](q), qk_norms[1](k)
         return rotate(q, c, s), rotate(k, c, s), v

@@ -52,8 +52,10 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
                qk_eps: torch.Tensor, qk_width: torch.Tensor, keys: List[torch.Tensor], values: List[torch.Tensor],
                slots: torch.Tensor, start: int, span: int, causal: bool, bias: Optional[torch.Tensor],
                c: torch.Tensor, s: torch.Tensor, B: int, T: int, H: int, Hkv: int, Dh: int,
-               taps: List[int]) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-    """Every decoder layer over x [M, D] (the embedded tokens; added into in place).
+               taps: List[int], index: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    """Every decoder layer over x [M, D] (the embedded tokens; added into in place), or with `index` [M'] (a ragged
+    forward, target.Ragged) over the M' rows it names: the products run over those, attention over the
+    rectangle they are spread into (zeros elsewhere).
 
     Per layer l, `weights` and `scales` (int4 codes; scales and zeros) hold its qkv, o, gate_up and down products at
     4l..4l+3, and `norms` its input and post-attention norm weights at 2l, 2l+1 (`qk_norms`: Qwen3's q and k norms
@@ -68,6 +70,8 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
     for layer in range(len(keys)):
         at = 4 * layer
         out = int4_product_twin(rms_norm_twin(x, norms[2 * layer], eps, width), weights[at], scales[at], group)
+        if index is not None:
+            out = out.new_zeros(M, out.shape[1]).index_copy_(0, index, out)
         qkv = out.view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # [B, H + 2Hkv, T, Dh]
         if len(qk_norms) == 0:  # q and k rotated together: the same ops, half the calls
             qk = rotate_twin(qkv[:, : H + Hkv], c, s)  # [B, H + Hkv, T, Dh]
@@ -92,6 +96,8 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
             attended = F.scaled_dot_product_attention(folded, context_k, context_v, attn_mask=bias)
             attended = attended.reshape(B, H, T, Dh)
         attended = attended.transpose(1, 2).reshape(M, H * Dh)
+        if index is not None:
+            attended = attended.index_select(0, index)
         x = x.add_(int4_product_twin(attended, weights[at + 1], scales[at + 1], group))
         normed = rms_norm_twin(x, norms[2 * layer + 1], eps, width)
         gate_up = int4_product_twin(normed, weights[at + 2], scales[at + 2], group)

@@ -145,30 +145,34 @@ class Target:
                 mlp)
 
     def _layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids,
-                depth: int | None = None) -> tuple[torch.Tensor, dict]:
+                depth: int | None = None, rows: Ragged | None = None) -> tuple[torch.Tensor, dict]:
         """The decoder layers over x [M, D] in Python, from the per-layer plans: x after the last layer run (all,
         or the first `depth`), and {id: x after layer id} for the tapped ids (the reference loop;
-        `_scripted_layers` runs the same ops)."""
+        `_scripted_layers` runs the same ops). With `rows` (a ragged forward), x holds only the rows it names
+        [M', D]: every product runs over those, and attention over the rectangle they are spread into."""
         tapped = {}
         wanted = set(tap_layer_ids)
+        spread = rows.spread if rows is not None else None
         kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
         for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)][:depth]):
-            q, k, v = qkv(norm_in(x), B, T, c, s)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
+            q, k, v = qkv(norm_in(x), B, T, c, s, spread)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
             cache.write(index, k, v, slots, start)
             keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
             out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
-            x = residual(x, o(out.transpose(1, 2).reshape(B * T, -1)), keep=kept)
+            out = out.transpose(1, 2).reshape(B * T, -1)  # [M, H * Dh]
+            x = residual(x, o(out if rows is None else rows.gather(out)), keep=kept)
             x = residual(x, mlp(norm_post(x)), keep=False)
             kept = index in wanted
             if kept:  # id j is the output of decoder layer j (HF hidden_states[j + 1])
                 tapped[index] = x
         return x, tapped
 
-    def _scripted_layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth=None):
+    def _scripted_layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth=None,
+                         rows: Ragged | None = None):
         """`_layers` as one TorchScript call (scripted.py): the same ops, without Python between them. Rows it was
         not built for (features only up to a depth, or not bf16 inference rows) take the Python loop."""
         if depth is not None or not self._unchecked(x):
-            return self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth)
+            return self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
         fixed = self._fixed
         wanted = sorted(set(tap_layer_ids))
         causal = bias is CAUSAL  # else bias is the mask's bias, or None where every row sees every slot
@@ -176,7 +180,7 @@ class Target:
             x, q4.BLOCK, fixed["weights"], fixed["scales"], fixed["norms"], fixed["eps"], fixed["width"],
             fixed["qk_norms"], fixed["qk_eps"], fixed["qk_width"], cache.keys, cache.values, slots,
             -1 if start is None else start, span, causal, None if causal else bias, c, s, B, T, self.heads,
-            self.kv_heads, self.head_dim, wanted)
+            self.kv_heads, self.head_dim, wanted, None if rows is None else rows.index)
         return x, dict(zip(wanted, copies))
 
     def forward(
@@ -189,6 +193,7 @@ class Target:
         slots: torch.Tensor | None = None,  # [B, T] cache slots to write; None: the positions themselves
         block_mask: torch.Tensor | None = None,  # [B, T, T] bool: which new tokens each new token sees
         stop_after_taps: bool = False,  # features only: no layer past the deepest tap runs, no logits
+        widths: torch.Tensor | None = None,  # [B]: row b's first widths[b] tokens are real, the rest padding
     ) -> TargetOutput:
         """Causal forward of new tokens against the cache; writes their K/V, leaves lengths alone.
 
@@ -197,6 +202,12 @@ class Target:
         slot s+i, at position s+depth) and `block_mask` (its ancestors): a query then sees the slots before
         the row's first new slot, and the new tokens its mask allows. `stop_after_taps` leaves the layers past
         the deepest tapped one unrun (and their cache unwritten): for features alone (train/feature_store.py).
+
+        `widths` makes the forward ragged: row b's tokens past its first widths[b] are padding, which no product
+        runs over (their K/V are written from zeros, their features and logits are zeros). Only attention sees
+        the rectangle [B, T]; a padding token must sit where no real token attends to it (after the row's real
+        ones, as a chain's). A verify step of rows with proposals of unequal lengths (lookup runs) then costs
+        the positions it verifies, not B times the longest.
         """
         if stop_after_taps and (logit_rows is not None or not tap_layer_ids):
             raise ValueError("stop_after_taps returns tapped features only: pass tap_layer_ids and no logit_rows")
@@ -212,18 +223,48 @@ class Target:
         B, D = x.shape[0], x.shape[-1]
         c, s = _rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
         x = x.view(B * T, D)  # [M, D]: every op but attention works row by row
+        rows = Ragged.of(widths, T)
+        if rows is not None:
+            x = rows.gather(x)  # [M', D]
         depth = max(tap_layer_ids) + 1 if stop_after_taps else None
-        x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth)
+        x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
             tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
-        tapped = {index: h.view(B, T, D) for index, h in tapped.items()}
-        x = x.view(B, T, D)
+        spread = (lambda h: h) if rows is None else rows.spread  # [M', D] -> [M, D]
+        tapped = {index: spread(h).view(B, T, D) for index, h in tapped.items()}
         features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
         logits = None
-        if logit_rows is not None:
-            rows = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
-            logits = self.logits(self._final_norm(rows))
+        if logit_rows is not None and rows is not None:  # the head over the real rows only
+            logits = spread(self.logits(self._final_norm(x))).view(B, T, -1)  # [B, T, V]
+            logits = logits.gather(1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
+        elif logit_rows is not None:
+            x = x.view(B, T, D)
+            picked = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
+            logits = self.logits(self._final_norm(picked))
         return TargetOutput(logits=logits, features=features)
+
+
+class Ragged:
+    """The real rows of a ragged forward: row b's first widths[b] of T tokens, as flat indices into the B * T
+    rows of the rectangle, in order. `gather` keeps them ([M, F] -> [M', F]); `spread` puts them back in place,
+    zeros elsewhere ([M', F] -> [M, F])."""
+
+    def __init__(self, index: torch.Tensor, total: int) -> None:
+        self.index, self.total = index, total  # [M'], M
+
+    @classmethod
+    def of(cls, widths: torch.Tensor | None, T: int) -> Ragged | None:
+        """The real rows of widths [B] over T tokens a row; None when every row is whole (or no widths)."""
+        if widths is None or bool((widths >= T).all()):
+            return None
+        real = torch.arange(T, device=widths.device)[None, :] < widths[:, None]  # [B, T]
+        return cls(real.flatten().nonzero().squeeze(1), real.numel())
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(0, self.index)
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(self.total, x.shape[-1]).index_copy_(0, self.index, x)
 
 
 def _from_slot_zero(positions: torch.Tensor) -> bool:

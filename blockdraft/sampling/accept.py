@@ -155,14 +155,29 @@ def speculative_sample_from_uniforms(p: torch.Tensor, q: torch.Tensor, draft_tok
     return num_accepted, bonus_token
 
 
-def speculative_sample(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: Generators = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def speculative_sample(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: Generators = None,
+                       limits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step's acceptance -> (num_accepted [B], bonus_token [B]); the main entry point of this module.
 
     `generator` is one torch.Generator for the batch, a list with one per row (a row then gives the same result
     alone or in any batch), or None for torch's global generator. Each row draws K uniforms per call.
+    `limits` [B] (a ragged block): row b proposed only its first limits[b] tokens, the rest is padding, which
+    its p was not computed for (`limited`).
     """
     # [B, K, V], [B, K-1, V], [B, K-1] -> [B], [B]
     B, K, _ = _check_block(p, q, draft_tokens)
     uniforms = draw_uniforms(generator, (B, K), p.device)  # [B, K]
+    if limits is not None:
+        q, uniforms = limited(q, uniforms, limits)
     return speculative_sample_from_uniforms(p, q, draft_tokens, uniforms)
+
+
+def limited(q: torch.Tensor, uniforms: torch.Tensor, limits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block whose row b proposed only its first limits[b] tokens, as the block of those alone: every padding
+    proposal is rejected (its uniform raised to 2, above any acceptance probability), and its q is 0, so that the
+    draw after the last real proposal comes from residual(p, 0) = p, the bonus of a block of limits[b]
+    proposals. Each row still draws K uniforms: its random stream is the same whatever its limit."""
+    # [B, K-1, V], [B, K], [B] -> [B, K-1, V], [B, K]
+    padding = torch.arange(q.shape[1], device=q.device)[None, :] >= limits[:, None]  # [B, K-1]
+    tests = uniforms[:, :-1].masked_fill(padding, 2.0)
+    return q.masked_fill(padding[..., None], 0.0), torch.cat([tests, uniforms[:, -1:]], dim=1)
