@@ -24,6 +24,17 @@ def test_costs_interpolate_between_measured_widths_and_borrow_the_nearest_bucket
         CostModel().seconds(1, 2, drafted=True)
 
 
+def test_ragged_steps_are_priced_from_their_own_measurements():
+    # Measured as an int4 target's blocks make them: 1-4 more positions cost alike, 5-8 a block more.
+    model = CostModel({8: 13.0}, {8: {2: 26.0, 16: 124.0}}, {8: {1: 17.0, 4: 17.0, 8: 21.0}})
+    assert model.ragged_seconds(8, 0) == 13.0 and model.ragged_seconds(8, 4) == 17.0
+    assert model.ragged_seconds(8, 6) == pytest.approx(19.0), "between 4 and 8: on their line"
+    assert model.ragged_seconds(8, 12) == pytest.approx(25.0), "past the last: its slope"
+    unmeasured = CostModel({8: 13.0}, {8: {2: 26.0, 16: 124.0}})
+    assert unmeasured.ragged_seconds(8, 4) == pytest.approx(13.0 + 4 * 7.0 / 8), "else per_position / rows each"
+    assert CostModel.from_json(model.to_json()) == model
+
+
 def test_a_cost_model_survives_the_disk_cache(tmp_path):
     model = linear_costs(plain=0.02, draft=0.01, per_position=0.001, buckets=(1, 4))
     write_cached(tmp_path, "key", model)
@@ -43,6 +54,7 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
     drafter = Drafter(tiny_draft(target, block_size=4), target)
     model = measured_costs(target, drafter, True, rows=3)
     assert model.buckets() == {1, 2, 4} and set(model.drafted[1]) == {2, 4, 8}, "every bucket up to 3 rows"
+    assert set(model.ragged[1]) == {1, 2, 4, 8} and set(model.ragged[2]) == {1, 2, 4, 8, 16}, "15 a row at most"
     assert all(seconds > 0 for seconds in model.plain.values())
     assert measured_costs(target, drafter, True, rows=2) is model, "measured once per process"
     monkeypatch.setattr(generate, "_COSTS", {})

@@ -49,6 +49,10 @@ class CostModel:
 
     plain: dict[int, float] = field(default_factory=dict)  # bucket -> seconds
     drafted: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> {positions: seconds}
+    # bucket -> {extra positions: seconds} of a ragged step (a plain step whose rows verify that many more
+    # positions between them, no draft: decode/step.py); empty where not measured (`ragged_seconds` then prices
+    # each extra position at `per_position` / rows)
+    ragged: dict[int, dict[int, float]] = field(default_factory=dict)
     # seconds() and per_position() by their arguments: a policy asks about ten of them at every step, and the
     # answers change only with `update`
     _known: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -84,6 +88,32 @@ class CostModel:
         slope = (table[upper] - table[lower]) / (upper - lower)
         return max(table[lower] + slope * (positions - lower), 0.0)
 
+    def ragged_seconds(self, rows: int, extra: int) -> float:
+        """Expected seconds of a plain step over `rows` rows that verifies `extra` more positions between them (a
+        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`), read off the straight line
+        between them (beyond the last: its slope); the products of an int4 target run rows in blocks (1-4, 5-8,
+        9-12, ... cost alike at SmolLM2's widths on an EPYC), so a step's cost is not linear in its rows."""
+        key = ("ragged", rows, extra)
+        if key not in self._known:
+            self._known[key] = self._ragged_seconds(rows, extra)
+        return self._known[key]
+
+    def _ragged_seconds(self, rows: int, extra: int) -> float:
+        bucket = self._bucket(rows)
+        plain = self.plain[bucket]
+        table = {0: plain, **self.ragged.get(bucket, {})}
+        if extra <= 0:
+            return plain
+        if len(table) == 1:
+            return plain + extra * self.per_position(rows) / bucket
+        counts = sorted(table)
+        if extra in table:
+            return table[extra]
+        upper = next((e for e in counts[1:] if e >= extra), counts[-1])
+        lower = counts[counts.index(upper) - 1]
+        slope = (table[upper] - table[lower]) / (upper - lower)
+        return max(table[lower] + slope * (extra - lower), plain)
+
     def per_position(self, rows: int) -> float:
         """What one more verified position costs: the slope from the narrowest to the widest drafted step (both
         run the draft, so its own cost cancels), never negative."""
@@ -101,16 +131,19 @@ class CostModel:
 
     def to_json(self) -> dict:
         return {"plain": {str(b): s for b, s in self.plain.items()},
-                "drafted": {str(b): {str(w): s for w, s in t.items()} for b, t in self.drafted.items()}}
+                "drafted": {str(b): {str(w): s for w, s in t.items()} for b, t in self.drafted.items()},
+                "ragged": {str(b): {str(e): s for e, s in t.items()} for b, t in self.ragged.items()}}
 
     @classmethod
     def from_json(cls, data: dict) -> CostModel:
         return cls({int(b): float(s) for b, s in data["plain"].items()},
-                   {int(b): {int(w): float(s) for w, s in t.items()} for b, t in data["drafted"].items()})
+                   {int(b): {int(w): float(s) for w, s in t.items()} for b, t in data["drafted"].items()},
+                   {int(b): {int(e): float(s) for e, s in t.items()} for b, t in data.get("ragged", {}).items()})
 
     def update(self, other: CostModel) -> None:
         self.plain.update(other.plain)
         self.drafted.update(other.drafted)
+        self.ragged.update(other.ragged)
         self._known.clear()
 
 
@@ -122,7 +155,10 @@ def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 
     return CostModel({b: plain for b in buckets}, {b: dict(drafted) for b in buckets})
 
 
-def measure_costs(decode_steps, widths: list[int], buckets: list[int]) -> CostModel:
+RAGGED_EXTRA = (1, 2, 4, 8, 16)  # extra positions a ragged step is timed at (at most 15 a row)
+
+
+def measure_costs(decode_steps, widths: list[int], buckets: list[int], ragged_steps=None) -> CostModel:
     """Time the steps of each width in each bucket: `decode_steps(rows, width, steps)` decodes `rows` rows at a
     fixed width for `steps` steps and returns the seconds of each step. Each of `ROUNDS` rounds times every width
     for `STEPS_PER_ROUND` steps after `WARM_STEPS` untimed ones; the fastest step over the rounds counts.
@@ -131,16 +167,21 @@ def measure_costs(decode_steps, widths: list[int], buckets: list[int]) -> CostMo
     inflate: a median taken while other jobs ran priced some widths at their slow spells, and the cache then made
     the default mode 0.94x the target alone on the quiet machine, where a fresh measurement gave 1.14x.
     Interleaving the widths gives each of them a chance at the machine's quiet moments: the policy compares
-    widths, so their ratios are what must hold."""
+    widths, so their ratios are what must hold. `ragged_steps(rows, extra, steps)`, where given, times ragged
+    steps of each of RAGGED_EXTRA extra positions (up to 15 a row) in the same rounds."""
     model = CostModel()
     for bucket in buckets:
-        times: dict[int, list[float]] = {width: [] for width in widths}
+        extras = [e for e in RAGGED_EXTRA if e <= 15 * bucket] if ragged_steps is not None else []
+        runs = [(decode_steps, width) for width in widths] + [(ragged_steps, -e) for e in extras]
+        times: dict[int, list[float]] = {key: [] for _, key in runs}
         for _ in range(ROUNDS):
-            for width in widths:
-                times[width] += decode_steps(bucket, width, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
-        fastest = {width: min(seconds) if seconds else 0.0 for width, seconds in times.items()}
+            for timer, key in runs:
+                times[key] += timer(bucket, abs(key), WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+        fastest = {key: min(seconds) if seconds else 0.0 for key, seconds in times.items()}
         model.plain[bucket] = fastest.pop(1)
-        model.drafted[bucket] = fastest
+        model.drafted[bucket] = {w: t for w, t in fastest.items() if w > 0}
+        if extras:
+            model.ragged[bucket] = {-e: t for e, t in fastest.items() if e < 0}
     return model
 
 
@@ -178,7 +219,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      # how int4 products run; the earlier form (bf16 products above 4 rows) timed otherwise
                      int4="q4_1 every row" if getattr(target, "quantized", False) else False,
                      # the step's form: model/lean.py, scripted.py, packed.single_row_differs, step.py's plain steps
-                     forward="lean layers, paired single rows, lean plain steps",
+                     forward="lean layers, paired single rows, lean plain steps, ragged steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND, statistic="min",

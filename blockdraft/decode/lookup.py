@@ -51,42 +51,45 @@ def continuation(ids: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM, min_
     of ShareGPT/HealthBench (every other position); on the first 8 greedy answers of HumanEval, IFEval and
     MT-Bench, 24-35 % more. Longer suffixes than 12-16 changed nothing there.
     """
-    start = _continuation_start(ids.cpu().numpy(), max_ngram, min_ngram)
+    start, _ = _continuation_start(ids.cpu().numpy(), max_ngram, min_ngram)
     return ids[:0] if start is None else ids[start : start + count]
 
 
-def _continuation_start(x: np.ndarray, max_ngram: int, min_ngram: int) -> int | None:
-    """Where `continuation`'s tokens begin in x [L] (the index after the chosen occurrence), or None. NumPy: a
-    lookup runs every step, and a NumPy op costs a fraction of a torch op's call."""
+def _continuation_start(x: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int | None, int]:
+    """Where `continuation`'s tokens begin in x [L] (the index after the chosen occurrence), or None, and the
+    suffix that occurrence shares with the context's end (0 without one). NumPy: a lookup runs every step, and a
+    NumPy op costs a fraction of a torch op's call."""
     L = x.shape[0]
     if L <= min_ngram:
-        return None
+        return None, 0
     starts = L - min_ngram  # windows x[i : i + min_ngram], i < starts, end before the context's last token
     match = x[:starts] == x[starts]
     for j in range(1, min_ngram):
         match &= x[j : starts + j] == x[starts + j]
     ends = np.flatnonzero(match) + (min_ngram - 1)  # [S] last index of each occurrence
     if not ends.size:
-        return None
+        return None, 0
     # Suffix shared with the context's end: compare backwards from each occurrence's end, up to max_ngram.
     back = np.arange(min(max_ngram, L))  # [n]
     here = ends[:, None] - back  # [S, n] positions before each occurrence's end
     same = (here >= 0) & (x[np.maximum(here, 0)] == x[L - 1 - back])  # [S, n]
     shared = np.cumprod(same, axis=1).sum(axis=1)  # [S], >= min_ngram
     best = int(np.argmax(shared * L + ends))  # the longest, then the most recent
-    return int(ends[best]) + 1
+    return int(ends[best]) + 1, int(shared[best])
 
 
 def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM,
-                 min_ngram: int = 2) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 min_ngram: int = 2, shared: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each row's continuation of its first lengths[b] tokens of tokens [B, C]: proposals [B, count] (padded
     by repeating the row's last proposal) and their real lengths [B] (0: no match, the row is all padding); None
-    when no row has a match."""
+    when no row has a match. `shared`, a list, receives each row's shared suffix (0: no match)."""
     rows, lengths_cpu = tokens.cpu().numpy(), lengths.cpu().tolist()
     out = np.zeros((rows.shape[0], count), dtype=np.int64)
     found = np.zeros(rows.shape[0], dtype=np.int64)
     for b, length in enumerate(lengths_cpu):
-        start = _continuation_start(rows[b, :length], max_ngram, min_ngram)
+        start, suffix = _continuation_start(rows[b, :length], max_ngram, min_ngram)
+        if shared is not None:
+            shared.append(suffix if start is not None else 0)
         if start is not None:
             run = rows[b, start : min(start + count, length)]
             out[b, : run.size] = run
@@ -95,6 +98,18 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
     if not found.any():
         return None
     return torch.from_numpy(out).to(tokens.device), torch.from_numpy(found).to(tokens.device)
+
+
+# A prompt run's class, by the suffix its occurrence shares with the row's end: 2-3, 4-7, 8 or more tokens. Over the
+# target's own greedy answers (16 HumanEval and 16 MT-Bench prompts, 128 tokens, q4), a run's first token was the
+# target's next one for 35-44 % of the runs sharing 2 tokens, 55-61 % at 3, 66-82 % at 4, 72-85 % at 5-7 and 95 %
+# at 8 or more (mean accepted run 1.8-2.0 tokens at 2, 6.4-9.2 at 8+): each class's acceptance is learnt apart.
+STRENGTHS = (2, 4, 8)
+
+
+def strength_class(shared: int) -> int:
+    """The index into STRENGTHS of a run whose occurrence shares `shared` tokens with the context's end."""
+    return max(i for i, least in enumerate(STRENGTHS) if shared >= least or i == 0)
 
 
 class PromptLookup:
@@ -117,12 +132,20 @@ class PromptLookup:
         # Table runs hit otherwise than copies of the context: their acceptance is learnt apart. `current` is the
         # policy of the runs found last (the table's when every run came from it).
         self.table_policy = AdaptiveWidth(self.width, costs, drafts=False) if table is not None and costs else None
+        # Runs onto a plain step are priced row by row (`ragged_lengths`), a prompt run by its strength class's own
+        # record (STRENGTHS): `row_policies` holds, per row of the runs found last, the policy its run is priced by
+        # (None: no run). A policy passed in prices every run.
+        self.strength_policies = ([AdaptiveWidth(self.width, costs, drafts=False) for _ in STRENGTHS]
+                                  if policy is None else None)
+        self.row_policies: list = []
         self.current = self.policy
         self.steps = 0  # lookup steps taken (tree steps with a graft among them)
         self.explore_every, self.explore_budget = explore_every, explore_budget
         self.since_graft = 0  # tree steps that declined a graft since the last one
         self._planned: dict = {}  # graft_length's choice by what it depends on (`_plan_graft`)
         self._declined: dict = {}  # by source policy: `since_graft` when a due re-try could not win
+        self.fruitless = 0  # searches in a row that grafted nothing (`searched`)
+        self.resting = 0  # steps left to skip before the next search
 
     def propose(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Lookup proposals [B, W-1] (W = `width`) and their lengths [B] when every row has a match, else None."""
@@ -133,17 +156,31 @@ class PromptLookup:
         """Lookup proposals [B, W-1] and their lengths [B] (0: no match) when any row has a match, else None: each
         row's continuation of an earlier occurrence in its context, else (with a `table`) the table's."""
         self.current = self.policy
+        shared: list[int] = []
         if self.table is None:
-            return lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram)
+            found = lookup_block(tokens, lengths, self.width - 1, self.max_ngram, self.min_ngram, shared)
+            self._price_rows(shared, found)
+            return found
         rows, lengths = tokens.cpu(), lengths.cpu()  # once: both sources read the rows on the CPU
-        found = lookup_block(rows, lengths, self.width - 1, self.max_ngram, self.min_ngram)
+        found = lookup_block(rows, lengths, self.width - 1, self.max_ngram, self.min_ngram, shared)
         table_only = found is None
         found = self._table_runs(found, rows, lengths)
+        self._price_rows(shared, found)
         if found is None:
             return None
         if table_only and self.table_policy is not None:
             self.current = self.table_policy
         return found[0].to(tokens.device), found[1].to(tokens.device)
+
+    def _price_rows(self, shared: list[int], found) -> None:
+        """`row_policies` for the runs `found` (None: no run anywhere), the rows' shared suffixes `shared` (0: the
+        row's run, if any, is the table's)."""
+        counts = found[1].tolist() if found is not None else [0] * len(shared)
+        table = self.table_policy or self.policy
+        self.row_policies = [
+            None if not count else self.policy if self.strength_policies is None
+            else self.strength_policies[strength_class(suffix)] if suffix else table
+            for count, suffix in zip(counts, shared)]
 
     def _table_runs(self, found, rows: torch.Tensor, lengths: torch.Tensor):
         """`found` (or nothing) with the table's continuation in each row that has no run (ngrams.py), on the CPU:
@@ -161,6 +198,22 @@ class PromptLookup:
                 proposals[b, len(run):] = run[-1]
                 counts[b] = len(run)
         return (proposals, counts) if bool(counts.any()) else None
+
+    def may_search(self) -> bool:
+        """Whether to look up the rows' runs this step (else the step rests: see `searched`)."""
+        if self.resting > 0:
+            self.resting -= 1
+            return False
+        return True
+
+    def searched(self, grafted: bool, rows: int) -> None:
+        """A search over `rows` rows' contexts ran and `grafted` a run or not. After n searches in a row that grafted
+        nothing, the next min(2^(n-1), rows) - 1 steps skip theirs: a search costs each row about as much at any
+        batch size (60 us of SmolLM2's 1.8 ms a row at 8 q4 rows, EPYC Zen 5), while a wide batch's plain step is
+        so cheap a row that its grafts seldom pay (2 of 113 searches at 8 rows, 8 HumanEval answers); one row
+        searches at every step. Counted in steps, never timed: the same request searches at the same steps."""
+        self.fruitless = 0 if grafted else self.fruitless + 1
+        self.resting = 0 if grafted else min(2 ** (self.fruitless - 1), rows) - 1
 
     def graft_length(self, draft_policy, width: int, available: int, rows: int = 1,
                      runs: list[int] | None = None) -> int:
@@ -185,8 +238,53 @@ class PromptLookup:
         return self._length(self.current, draft_policy, width, available, rows, runs)
 
     def policies(self) -> tuple:
-        """The lookup's width policies: prompt runs', and the table runs' where it has a table."""
-        return (self.policy,) if self.table_policy is None else (self.policy, self.table_policy)
+        """The lookup's width policies: prompt runs' (pooled, and by strength class), and the table runs' where it
+        has a table."""
+        extra = (self.table_policy,) if self.table_policy is not None else ()
+        return (self.policy, *(self.strength_policies or ()), *extra)
+
+    def ragged_lengths(self, draft_policy, runs: list[int], rows: int) -> list[int]:
+        """How many tokens of each row's run (runs[b] long, of the runs found last) to graft onto a plain step of
+        `rows` rows, verified as a ragged chain (step.py).
+
+        Each looked-up token is a candidate position worth the probability that it is accepted: the product of
+        its run's slot acceptances up to it, from the record of the run's policy (`row_policies`: a prompt run's
+        strength class, or the table's). The step verifies the E likeliest candidates (a prefix of each row's
+        run, as the probabilities fall along it), E chosen for the most expected tokens per second:
+
+            E* = argmax_E (rows + sum of the E largest probabilities) / t_ragged(rows, E)
+
+        with t_ragged measured (costs.py: an int4 product costs rows in blocks, so a few more positions can cost
+        nothing and one more a whole block) and drafting's margin to win. Where E* is 0 for long, a re-try
+        verifies the likeliest candidate alone, as often as `explore_budget` allows. A fixed-width draft policy
+        cannot price it: whole runs."""
+        costs = getattr(draft_policy, "costs", None)
+        if not isinstance(draft_policy, AdaptiveWidth) or costs is None:
+            return [0 if policy is None else run for policy, run in zip(self.row_policies, runs)]
+        reach: dict = {}  # policy -> P(slots 1..j all accepted), j = 1..W-1
+        candidates = []  # (probability, row, slot)
+        for row, (policy, run) in enumerate(zip(self.row_policies, runs)):
+            if policy is None or not run:
+                continue
+            if policy not in reach:
+                reach[policy] = torch.cumprod(policy.alpha(), 0).tolist()
+            candidates += [(reach[policy][slot], row, slot) for slot in range(min(run, self.width - 1))]
+        candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+        plain = costs.ragged_seconds(rows, 0)
+        best, best_rate, total = 0, rows / plain * draft_policy.margin, float(rows)
+        for extra, (probability, _, _) in enumerate(candidates, start=1):
+            total += probability
+            rate = total / costs.ragged_seconds(rows, extra)
+            if rate > best_rate:
+                best, best_rate = extra, rate
+        if best == 0 and candidates:
+            lost = costs.ragged_seconds(rows, 1) - plain
+            if self.since_graft >= budgeted_interval(self.explore_every, lost, plain, self.explore_budget, rows):
+                best = 1
+        lengths = [0] * len(runs)
+        for _, row, _ in candidates[:best]:
+            lengths[row] += 1
+        return lengths
 
     def may_graft(self, draft_policy, width: int, rows: int = 1) -> bool:
         """Whether some source's full-length run would be grafted (asked before searching: a lookup over every
@@ -244,14 +342,28 @@ class PromptLookup:
         interval = budgeted_interval(self.explore_every, lost, step_time(best), self.explore_budget, rows)
         return best, interval, (tree_gain, step_time(whole), tokens(best) / step_time(best))
 
-    def observe_graft(self, graft: int, accepted: list[int], runs: list[int] | None = None) -> None:
+    def observe_graft(self, graft: int, accepted: list[int], runs: list[int] | None = None,
+                      by_row: bool = False) -> None:
         """A tree step grafted `graft` looked-up tokens (0: none); row r's run had accepted[r] of them accepted,
-        of runs[r] it held (None: all `graft`)."""
+        of runs[r] it held (None: all `graft`). `by_row`: each row's run is recorded by its own policy
+        (`row_policies`: a ragged step), a prompt run's in the pooled record too; else all by `current`."""
         self.since_graft = 0 if graft else self.since_graft + 1
-        if graft:
-            self._declined.clear()
+        if not graft:
+            return
+        self._declined.clear()
+        self.steps += 1
+        if not by_row:
             self.current.record(graft + 1, accepted, reach=runs)
-            self.steps += 1
+            return
+        runs = runs if runs is not None else [graft] * len(accepted)
+        groups: dict = {}  # policy -> rows
+        for row, policy in enumerate(self.row_policies):
+            if policy is not None and runs[row]:
+                groups.setdefault(policy, []).append(row)
+                if policy in (self.strength_policies or ()):
+                    groups.setdefault(self.policy, []).append(row)
+        for policy, rows in groups.items():
+            policy.record(graft + 1, [accepted[r] for r in rows], reach=[runs[r] for r in rows])
 
     def preferred_over(self, draft_policy) -> bool:
         """Whether a lookup step is expected to commit tokens at least as fast as the draft's policy would; a

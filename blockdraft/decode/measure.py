@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 from ..io.targets import cache_root
 from ..model.target import Target
 from .costs import (PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopwatch, batch_bucket, cost_key,
@@ -14,7 +16,7 @@ from .costs import (PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopw
 from .drafter import Drafter
 from .generate import stream
 from .policy import candidate_widths
-from .proposers import ChainProposer, TreeProposer
+from .proposers import ChainProposer, TreeProposer, chain
 
 
 def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fresh: bool = False) -> CostModel:
@@ -44,7 +46,8 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     if missing:
         K = drafter.block_size
         widths = candidate_widths(2 * K if tree else K)
-        model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing))
+        model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing,
+                                   ragged_steps=lambda b, e, n: _timed_steps(target, drafter, tree, b, 1, n, extra=e)))
         if key is not None:
             write_cached(folder, key, model)
     return model
@@ -67,8 +70,10 @@ _COSTS: dict = {}  # cost models measured or read in this process, by cost key
 _REMEASURED: set = set()  # cost keys measured afresh in this process
 
 
-def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int) -> list[float]:
-    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt."""
+def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int,
+                 extra: int = 0) -> list[float]:
+    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt; with
+    `extra`, ragged steps (plain steps whose rows verify `extra` more positions between them: RaggedWatch)."""
     vocab = int(target.lm_head.weight.shape[0])
     length = max(4, min(PROMPT_LENGTH, target.max_positions // 4))
     prompt = [(i * 7919 + 11) % vocab for i in range(length)]
@@ -79,8 +84,34 @@ def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width:
         done.append(1)
         return range(rows) if len(done) > steps + 1 else []
 
-    proposer = TreeProposer(drafter, watch) if tree else ChainProposer(drafter, watch, vocab_size=vocab)
+    if extra:
+        watch, budget = RaggedWatch(drafter, extra), max(1, min((steps + 1) * 16, target.max_positions - length - 32))
+        proposer = watch
+    else:
+        proposer = TreeProposer(drafter, watch) if tree else ChainProposer(drafter, watch, vocab_size=vocab)
     for _ in stream(target, proposer, [prompt] * rows, max_new_tokens=budget, stop_token_ids=[],
                     drop=stop_after_steps):
         pass
     return watch.seconds
+
+
+class RaggedWatch(Stopwatch):
+    """A proposer of ragged steps that times them (costs.Stopwatch): `extra` guesses spread over the rows, up to 15
+    a row from the first, each row's anchor repeated (a lookup run's cost does not depend on its tokens)."""
+
+    def __init__(self, drafter: Drafter, extra: int) -> None:
+        super().__init__(1)
+        self.drafter, self.extra = drafter, extra
+        self.tap_layer_ids, self.block_size = drafter.tap_layer_ids, drafter.block_size
+        self.lookahead = max(16, drafter.block_size)  # the cache room past the anchor: 15 guesses a row
+
+    def propose(self, state, selector):
+        self.choose()
+        anchors, _ = state.anchors()  # [B]
+        counts = [min(15, max(0, self.extra - 15 * b)) for b in range(anchors.shape[0])]
+        proposal = chain(anchors, anchors[:, None].repeat(1, max(counts)), None, drafted=False, lookup=True)
+        proposal.widths = 1 + torch.tensor(counts, device=anchors.device)  # [B]
+        return proposal
+
+    def observe(self, proposal, ok, num_accepted) -> None:
+        pass

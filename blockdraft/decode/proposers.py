@@ -169,15 +169,21 @@ class TreeProposer:
         """The rows' lookup runs (guesses [B, W-1], lengths [B]; None without a match) and how many of their
         tokens to graft onto a tree of `width` nodes. The runs are looked up only where some graft would pay if
         every row had a full-length run (a lookup over every row's context costs a few percent of a batched
-        plain step)."""
+        plain step), and less often after searches that grafted nothing (`PromptLookup.searched`)."""
         lookup, rows = self.lookup, state.lengths.shape[0]
-        if not lookup.may_graft(self.policy, width, rows=rows):
+        if not lookup.may_graft(self.policy, width, rows=rows) or not lookup.may_search():
             lookup.observe_graft(0, [])
             return None, 0
         found = lookup.runs(state.tokens, state.lengths)
         if found is None:
+            lookup.searched(False, rows)
             return None, 0
-        graft = lookup.graft_length(self.policy, width, int(found[1].max()), rows=rows, runs=found[1].tolist())
+        if width == 1:  # a ragged chain: each row's own length
+            lengths = lookup.ragged_lengths(self.policy, found[1].tolist(), rows)
+            found, graft = (found[0], torch.tensor(lengths, device=found[1].device)), max(lengths)
+        else:
+            graft = lookup.graft_length(self.policy, width, int(found[1].max()), rows=rows, runs=found[1].tolist())
+        lookup.searched(graft > 0, rows)
         if graft == 0:
             lookup.observe_graft(0, [])
         return found, graft
@@ -189,7 +195,7 @@ class TreeProposer:
         if proposal.parents is None:  # a plain step, or runs in a ragged chain
             self.policy.observe(1, [0] * len(num_accepted))
             if proposal.widths is not None:
-                self.lookup.observe_graft(self.graft, num_accepted.tolist(), runs=self.runs[1].tolist())
+                self.lookup.observe_graft(self.graft, num_accepted.tolist(), self.runs[1].tolist(), by_row=True)
             return
         tree = proposal.tree
         if not (self.size == 1 and proposal.drafted):

@@ -236,7 +236,8 @@ class Target:
         logits = None
         if logit_rows is not None and rows is not None:  # the head over the real rows only
             logits = spread(self.logits(self._final_norm(x))).view(B, T, -1)  # [B, T, V]
-            logits = logits.gather(1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
+            if not _every_row(logit_rows, T):
+                logits = logits.gather(1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
         elif logit_rows is not None:
             x = x.view(B, T, D)
             picked = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
@@ -265,6 +266,12 @@ class Ragged:
 
     def spread(self, x: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(self.total, x.shape[-1]).index_copy_(0, self.index, x)
+
+
+def _every_row(logit_rows: torch.Tensor, T: int) -> bool:
+    """Whether logit_rows [B, R] asks for rows 0..T-1 of every row, in order (a verify step's)."""
+    return logit_rows.shape[1] == T and torch.equal(logit_rows, torch.arange(T, device=logit_rows.device).expand_as(
+        logit_rows))
 
 
 def _from_slot_zero(positions: torch.Tensor) -> bool:
