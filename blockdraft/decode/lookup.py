@@ -51,11 +51,11 @@ def continuation(ids: torch.Tensor, count: int, max_ngram: int = MAX_NGRAM, min_
     of ShareGPT/HealthBench (every other position); on the first 8 greedy answers of HumanEval, IFEval and
     MT-Bench, 24-35 % more. Longer suffixes than 12-16 changed nothing there.
     """
-    start, _ = _continuation_start(ids.cpu().numpy(), max_ngram, min_ngram)
+    start, _ = continuation_start(ids.cpu().numpy(), max_ngram, min_ngram)
     return ids[:0] if start is None else ids[start : start + count]
 
 
-def _continuation_start(x: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int | None, int]:
+def continuation_start(x: np.ndarray, max_ngram: int, min_ngram: int) -> tuple[int | None, int]:
     """Where `continuation`'s tokens begin in x [L] (the index after the chosen occurrence), or None, and the
     suffix that occurrence shares with the context's end (0 without one). NumPy: a lookup runs every step, and a
     NumPy op costs a fraction of a torch op's call."""
@@ -87,7 +87,7 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
     out = np.zeros((rows.shape[0], count), dtype=np.int64)
     found = np.zeros(rows.shape[0], dtype=np.int64)
     for b, length in enumerate(lengths_cpu):
-        start, suffix = _continuation_start(rows[b, :length], max_ngram, min_ngram)
+        start, suffix = continuation_start(rows[b, :length], max_ngram, min_ngram)
         if shared is not None:
             shared.append(suffix if start is not None else 0)
         if start is not None:
