@@ -67,3 +67,10 @@ def final_draw_from_p(p, tokens, parents, generator=None):
     ok, _ = tree_sample(p, tokens, parents, generator)
     deepest = deepest_node(ok)
     return ok, sample(p[torch.arange(p.shape[0]), deepest], generator)
+
+
+def joint_counts(results, vocab_size: int) -> np.ndarray:
+    """How often each sequence of NUM_TOKENS tokens was drawn over decode results (one per row) [V**NUM_TOKENS]."""
+    tokens = np.array([r.tokens for r in results])  # [rows, n]
+    cells = (tokens * vocab_size ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
+    return np.bincount(cells, minlength=vocab_size**NUM_TOKENS)

@@ -17,7 +17,8 @@ from blockdraft.sampling import SamplingParams
 
 from conftest import (COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, own_proposer, proposer, tiny_draft,
                       tiny_target)
-from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit
+from exact_sampling import (ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit,
+                            joint_counts)
 
 # Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
@@ -270,9 +271,7 @@ def lookup_counts(target, draft, params, num_rows: int, tree: bool = False) -> n
                        [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
                        selector=Selector(params, num_rows=num_rows))
     assert lookup.steps > 0, "the test must exercise lookup steps"
-    tokens = np.array([r.tokens for r in results])  # [rows, n]
-    cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
-    return np.bincount(cells, minlength=V**NUM_TOKENS)
+    return joint_counts(results, V)
 
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0, seed=90_000),
@@ -360,7 +359,8 @@ def test_graft_lengths_kept_between_steps_equal_lengths_computed_afresh():
 def test_runs_are_priced_by_the_suffix_their_occurrence_shares():
     assert [strength_class(n) for n in (1, 2, 3, 4, 7, 8, 16)] == [0, 0, 0, 1, 1, 2, 2] and len(STRENGTHS) == 3
     shared: list[int] = []
-    tokens = torch.tensor([[1, 2, 9, 1, 2, 0, 0, 0, 0, 0], [5, 6, 7, 8, 9, 4, 5, 6, 7, 8], [4, 5, 6, 7, 0, 0, 0, 0, 0, 0]])
+    tokens = torch.tensor([[1, 2, 9, 1, 2, 0, 0, 0, 0, 0], [5, 6, 7, 8, 9, 4, 5, 6, 7, 8],
+                           [4, 5, 6, 7, 0, 0, 0, 0, 0, 0]])
     lookup_block(tokens, torch.tensor([5, 10, 4]), 4, shared=shared)
     assert shared == [2, 4, 0], "row 0 repeats [1, 2], row 1 [5, 6, 7, 8], row 2 nothing"
     lookup = PromptLookup(4, COSTS)

@@ -21,7 +21,7 @@ from blockdraft.errors import CheckpointError
 from blockdraft.sampling import SamplingParams
 
 from conftest import COSTS, own_proposer, tiny_draft, tiny_target
-from exact_sampling import ALPHA, NUM_TOKENS, exact_joint, goodness_of_fit
+from exact_sampling import ALPHA, NUM_TOKENS, exact_joint, goodness_of_fit, joint_counts
 
 
 def reference_table(sequences, orders, min_count, min_share) -> dict[int, int]:
@@ -128,8 +128,7 @@ def table_counts(target, draft, params, num_rows: int) -> tuple[np.ndarray, Prom
     guesses = own_proposer(target, draft, make_policy(4, False, tree=True), lookup, tree=True, block_size=4)
     results = generate(target, guesses, [[3, 0, 4, 2]] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
                        selector=Selector(params, num_rows=num_rows))
-    tokens = np.array([r.tokens for r in results])  # [rows, n]
-    return np.bincount((tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1), minlength=V**NUM_TOKENS), lookup
+    return joint_counts(results, V), lookup
 
 
 def test_sampling_with_table_runs_grafted_onto_trees_matches_target_distribution(small_models):

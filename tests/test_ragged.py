@@ -16,7 +16,7 @@ from blockdraft.sampling.accept import speculative_sample
 from blockdraft.decode.selection import Selector
 
 from conftest import COSTS, own_proposer, tiny_draft, tiny_target
-from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, goodness_of_fit
+from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, goodness_of_fit, joint_counts
 
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
 
@@ -119,9 +119,7 @@ def ragged_counts(target, draft, params, num_rows: int) -> np.ndarray:
                        [LOOKUP_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
                        selector=Selector(params, num_rows=num_rows))
     assert lookup.steps > 0, "the test must exercise lookup runs"
-    tokens = np.array([r.tokens for r in results])  # [rows, n]
-    cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
-    return np.bincount(cells, minlength=V**NUM_TOKENS)
+    return joint_counts(results, V)
 
 
 def test_sampling_with_ragged_runs_matches_target_distribution(small_models, ragged_calls):

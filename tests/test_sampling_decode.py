@@ -25,7 +25,8 @@ from blockdraft.sampling import (
 )
 
 from conftest import CyclingWidth, own_proposer, proposer
-from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit
+from exact_sampling import (ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit,
+                            joint_counts)
 
 SMALL_PROMPT = [3, 0, 4, 2]
 
@@ -52,9 +53,7 @@ def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, dr
     guesses = own_proposer(target, draft, policy, tree=tree, block_size=block_size)
     results = generate(target, guesses, [SMALL_PROMPT] * num_rows, max_new_tokens=NUM_TOKENS, stop_token_ids=[],
                        selector=selector)
-    tokens = np.array([r.tokens for r in results])  # [rows, n]
-    cells = (tokens * V ** np.arange(NUM_TOKENS - 1, -1, -1)).sum(axis=1)
-    return np.bincount(cells, minlength=V**NUM_TOKENS)
+    return joint_counts(results, V)
 
 
 # Seeds 10_000 apart: row i uses seed + i, so no two cases (or the tests below) share a row's random stream.
