@@ -96,24 +96,6 @@ def test_grafted_rows_are_filled_to_one_node_count_with_draft_nodes():
         "a row without a run is filled with the draft's next likeliest nodes"
 
 
-def test_a_graft_without_a_draft_is_a_chain_from_the_anchor():
-    tree, run_nodes = build_grafted_tree(torch.tensor([5]), None, 1, runs=torch.tensor([[8, 9, 8]]),
-                                         run_lengths=torch.tensor([3]))
-    assert tree.tokens.tolist() == [[5, 8, 9, 8]] and tree.parents.tolist() == [[-1, 0, 1, 2]]
-    assert run_nodes.tolist() == [[1, 2, 3]]
-
-
-def test_a_batch_graft_without_a_draft_fills_shorter_rows_with_their_anchor_repeated():
-    # Row 0's run sets the node count; row 1's shorter run and row 2 (no run) are filled with a chain of their
-    # anchor token under the anchor: no draft forward, and a guess the target verifies like any other.
-    runs = torch.tensor([[8, 9], [8, 0], [0, 0]])
-    tree, run_nodes = build_grafted_tree(torch.tensor([5, 6, 7]), None, 1, runs=runs, run_lengths=torch.tensor([2, 1, 0]))
-    assert tree.tokens.tolist() == [[5, 8, 9], [6, 8, 6], [7, 7, 7]]
-    assert tree.parents.tolist() == [[-1, 0, 1], [-1, 0, 0], [-1, 0, 1]]
-    assert tree.depths.tolist() == [[0, 1, 2], [0, 1, 1], [0, 1, 2]]
-    assert run_nodes.tolist() == [[1, 2], [1, 0], [0, 0]]
-
-
 def test_a_confident_draft_gives_its_chain_first():
     log_q = torch.full((1, 3, VOCAB), -20.0)
     for d, token in enumerate([11, 12, 13]):

@@ -64,7 +64,7 @@ def top_candidates(log_q: torch.Tensor, top_k: int = TOP_K) -> tuple[torch.Tenso
     return top.values, top.indices
 
 
-def build_grafted_tree(anchors: torch.Tensor, candidates: tuple[torch.Tensor, torch.Tensor] | None, size: int,
+def build_grafted_tree(anchors: torch.Tensor, candidates: tuple[torch.Tensor, torch.Tensor], size: int,
                        runs: torch.Tensor | None = None, run_lengths: torch.Tensor | None = None):
     """The `size` likeliest nodes over each slot's candidates (log-probs, tokens [B, n, k], best first;
     `top_candidates`), then each row's run of fixed guesses grafted on as a path from the anchor ->
@@ -74,19 +74,15 @@ def build_grafted_tree(anchors: torch.Tensor, candidates: tuple[torch.Tensor, to
     run token that is already a child of the current node reuses it, any other becomes a new node. Grafted nodes
     come after the `size` best-first nodes, so those stay the tree of `size` nodes; rows whose runs added fewer
     nodes are then filled up to the same node count with the draft's next likeliest nodes. Entries of run_nodes
-    past a row's run length are 0 (the anchor). candidates None: no draft, the tree is the anchor and the run, and
-    a row with a shorter run is filled up with a chain repeating its anchor token (`_RowTree.pad`): a guess that
-    costs nothing to make, verified like any other, so a batch's runs need no draft forward.
+    past a row's run length are 0 (the anchor). Runs onto a plain step, without the draft, are no tree: a ragged
+    chain (proposers.py).
     """
     B = anchors.shape[0]
-    n, k = (0, 0) if candidates is None else tuple(candidates[1].shape[1:])
+    n, k = tuple(candidates[1].shape[1:])
     if not 1 <= size <= max_nodes(n, k):
         raise ValueError(f"a tree over {n} slots with {k} candidates each holds 1..{max_nodes(n, k)} nodes, "
                          f"asked for {size}")
-    if candidates is None:
-        scores = tokens = [[] for _ in range(B)]
-    else:
-        scores, tokens = candidates[0].tolist(), candidates[1].tolist()
+    scores, tokens = candidates[0].tolist(), candidates[1].tolist()
     rows = [_RowTree(int(a), score, token, k) for a, score, token in zip(anchors.tolist(), scores, tokens)]
     m = 0 if runs is None else runs.shape[1]
     run_nodes = torch.zeros(B, m, dtype=torch.long)
@@ -99,8 +95,6 @@ def build_grafted_tree(anchors: torch.Tensor, candidates: tuple[torch.Tensor, to
     total = max(len(row.tokens) for row in rows)
     for row in rows:
         row.grow(total)
-        if candidates is None:
-            row.pad(total)
         if len(row.tokens) < total:
             raise ValueError(f"the draft's {n} slots of {k} candidates cannot fill a row to {total} nodes; "
                              "propose more slots when grafting runs onto a batch")
@@ -145,14 +139,6 @@ class _RowTree:
             if node is None:
                 node = self._add(token, parent)
             self._push_children(node, neg, depth)
-
-    def pad(self, size: int) -> None:
-        """Fill the row up to `size` nodes with a chain under the anchor repeating the anchor's token: where no
-        draft ran, other rows' runs set the node count, and a repeated token is sometimes right (and exact
-        either way: the target verifies it)."""
-        node = 0
-        while len(self.tokens) < size:
-            node = self._add(self.tokens[0], node)
 
     def graft(self, run: list[int]) -> list[int]:
         """Walk `run` down from the anchor, adding the nodes that are missing; the node of each run token."""
