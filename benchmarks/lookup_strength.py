@@ -7,7 +7,7 @@ The embedded target alone answers each prompt greedily; then, at every answer po
 (decode/lookup.py: the earlier occurrence of the context's last tokens sharing the longest suffix with it, up to
 16) proposes up to 15 tokens, which are compared with what the target wrote next. Prints, per shared suffix
 (2, 3, ... 8 or more tokens), how many runs there were, how often the first token was right and how many tokens
-a verify would have accepted; ends stdout with one JSON line. This is what `lookup.STRENGTHS` classes runs by.
+a verify would have accepted; ends stdout with one JSON line. This is what `continuation.STRENGTHS` classes runs by.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from blockdraft.api import encode
 from blockdraft.decode.decoder import Decoder
-from blockdraft.decode.lookup import MAX_NGRAM, continuation_start
+from blockdraft.decode.continuation import MAX_NGRAM, continuation_start
 from blockdraft.hardware import describe_line
 from blockdraft.io.targets import load_target
 from blockdraft.prompts import load_prompts

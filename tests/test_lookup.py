@@ -9,8 +9,9 @@ import torch
 from blockdraft.decode.generate import generate
 
 from blockdraft.decode.proposers import TargetAlone
-from blockdraft.decode.lookup import STRENGTHS, PromptLookup, continuation, lookup_block, strength_class
-from blockdraft.decode.costs import CostModel, linear_costs
+from blockdraft.decode.continuation import lookup_block
+from blockdraft.decode.lookup import PromptLookup
+from blockdraft.decode.costs import linear_costs
 from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
@@ -22,49 +23,6 @@ from exact_sampling import (ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw
 
 # Repetitive prompts: the tiny targets' greedy answers fall into loops too, so lookups find matches.
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]
-
-
-def ids(*values: int) -> torch.Tensor:
-    return torch.tensor(values)
-
-
-def test_continuation_takes_the_longest_most_recent_match():
-    assert continuation(ids(1, 2, 3, 9, 1, 2, 3), 3).tolist() == [9, 1, 2]
-    # [0, 2, 3] never occurred before; [2, 3] did, twice: the later one wins.
-    assert continuation(ids(5, 2, 3, 7, 1, 2, 3, 8, 0, 2, 3), 3).tolist() == [8, 0, 2]
-    # A 3-gram match beats a more recent 2-gram one.
-    assert continuation(ids(4, 2, 3, 6, 9, 2, 3, 7, 4, 2, 3), 2).tolist() == [6, 9]
-    assert continuation(ids(1, 2, 3, 4), 3).tolist() == []  # nothing repeats
-    assert continuation(ids(5, 1, 5), 3).tolist() == []  # a 1-gram match is below min_ngram 2
-    assert continuation(ids(5, 1, 5), 3, min_ngram=1).tolist() == [1, 5]  # stops at the context's end
-    assert continuation(ids(7), 3, min_ngram=1).tolist() == []
-
-
-def test_the_occurrence_sharing_the_longest_suffix_wins():
-    # [1, 2, 3] occurs twice before the end; the earlier one shares 5 tokens with the end, the later one 3.
-    context = ids(7, 8, 1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 8, 1, 2, 3)
-    assert continuation(context, 2).tolist() == [4, 5]
-    assert continuation(context, 2, max_ngram=3).tolist() == [6, 7], "capped at 3: the most recent of equals"
-
-
-def slow_continuation(values: list[int], count: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The rule by its definition: the longest n from max_ngram down whose n-gram occurred before, most recent."""
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if len(values) <= n:
-            continue
-        starts = [i for i in range(len(values) - n) if values[i : i + n] == values[-n:]]
-        if starts:
-            return values[starts[-1] + n : starts[-1] + n + count]
-    return []
-
-
-def test_continuation_matches_its_definition_on_random_contexts():
-    g = torch.Generator().manual_seed(0)
-    for trial in range(300):
-        context = torch.randint(0, 3 + trial % 5, (int(torch.randint(1, 60, (1,), generator=g)),), generator=g)
-        for max_ngram, min_ngram in ((16, 2), (4, 1), (3, 3)):
-            expected = slow_continuation(context.tolist(), 5, max_ngram, min_ngram)
-            assert continuation(context, 5, max_ngram, min_ngram).tolist() == expected, (context.tolist(), max_ngram)
 
 
 def test_lookup_block_pads_and_counts_each_row():
@@ -354,62 +312,3 @@ def test_graft_lengths_kept_between_steps_equal_lengths_computed_afresh():
         else:
             draft.observe(1, [0] * rows)
     assert len(set(chosen)) > 2 and 0 in chosen
-
-
-def test_runs_are_priced_by_the_suffix_their_occurrence_shares():
-    assert [strength_class(n) for n in (1, 2, 3, 4, 7, 8, 16)] == [0, 0, 0, 1, 1, 2, 2] and len(STRENGTHS) == 3
-    shared: list[int] = []
-    tokens = torch.tensor([[1, 2, 9, 1, 2, 0, 0, 0, 0, 0], [5, 6, 7, 8, 9, 4, 5, 6, 7, 8],
-                           [4, 5, 6, 7, 0, 0, 0, 0, 0, 0]])
-    lookup_block(tokens, torch.tensor([5, 10, 4]), 4, shared=shared)
-    assert shared == [2, 4, 0], "row 0 repeats [1, 2], row 1 [5, 6, 7, 8], row 2 nothing"
-    lookup = PromptLookup(4, COSTS)
-    lookup.runs(tokens, torch.tensor([5, 10, 4]))
-    assert lookup.row_policies == [lookup.strength_policies[0], lookup.strength_policies[1], None]
-    # A ragged step records each row's run in its class (and the pooled prompt record), and only over its run.
-    lookup.observe_graft(3, [2, 0, 0], runs=[3, 1, 0], by_row=True)
-    weak, middle, strong = lookup.strength_policies
-    assert weak.reached[:3].tolist() == [1.0, 1.0, 1.0] and weak.accepted[:3].tolist() == [1.0, 1.0, 0.0]
-    assert middle.reached[:3].tolist() == [1.0, 0.0, 0.0] and middle.accepted.sum() == 0
-    assert strong.reached.sum() == 0 and lookup.policy.reached[:3].tolist() == [2.0, 1.0, 1.0]
-
-
-def ragged_lookup(costs, alphas):
-    """A PromptLookup whose three rows' runs (8 tokens each) are priced by policies of slot acceptance alphas."""
-    lookup = PromptLookup(8, costs)
-    lookup.row_policies = [lookup.strength_policies[i] for i in range(3)]
-    for policy, alpha in zip(lookup.strength_policies, alphas):
-        policy.alpha = lambda alpha=alpha: torch.full((15,), alpha, dtype=torch.float64)
-    return lookup
-
-
-def test_a_ragged_step_verifies_the_likeliest_positions_where_they_pay():
-    # Three rows; plain step 10; 1-4 more positions cost 2 (one block of an int4 product), 5-8 another 2.
-    costs = CostModel({4: 10.0}, {4: {2: 20.0, 16: 50.0}}, {4: {1: 12.0, 4: 12.0, 8: 14.0, 16: 22.0}})
-    draft = AdaptiveWidth(4, costs)
-    draft.at_batch(3)
-    lookup = ragged_lookup(costs, (0.3, 0.9, 0.99))
-    # The 0.99 row's 8 positions (0.99, 0.98, ... 0.92) come first, then the 0.9 row's (0.9, 0.81, 0.73): 10 more
-    # positions for 3 + 8.36 tokens in 16 s (0.772 a second) beat 9 (0.770), 11 (0.770), 8 (0.761) and 4 (0.575).
-    assert lookup.ragged_lengths(draft, [8, 8, 8], 3) == [0, 2, 8]
-    assert lookup.ragged_lengths(draft, [8, 8, 3], 3) == [0, 5, 3], "a shorter run leaves room for the next"
-    # Expensive positions: nothing pays, and a row without a run is never given one.
-    costs = CostModel({4: 10.0}, {4: {2: 20.0, 16: 50.0}}, {4: {1: 20.0, 16: 200.0}})
-    draft = AdaptiveWidth(4, costs)
-    draft.at_batch(3)
-    assert ragged_lookup(costs, (0.3, 0.9, 0.99)).ragged_lengths(draft, [8, 0, 8], 3) == [0, 0, 0]
-    lookup = ragged_lookup(costs, (0.3, 0.9, 0.99))
-    lookup.since_graft = 10_000  # a re-try is due: the likeliest candidate alone
-    assert lookup.ragged_lengths(draft, [8, 0, 8], 3) == [0, 0, 1]
-
-
-def test_searches_that_graft_nothing_are_spaced_out_by_the_batch():
-    for rows, expected in ((1, [1] * 12), (8, [1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1])):
-        lookup, searches = PromptLookup(4, COSTS), []
-        for _ in range(len(expected)):
-            searches.append(int(lookup.may_search()))
-            if searches[-1]:
-                lookup.searched(False, rows)
-        assert searches == expected, f"{rows} rows"
-    lookup.searched(True, 8)
-    assert lookup.may_search() and lookup.may_search(), "a graft resets the spacing"

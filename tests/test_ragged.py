@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from blockdraft.decode.continuation import STRENGTHS, lookup_block, strength_class
+from blockdraft.decode.costs import CostModel
 from blockdraft.decode.generate import generate
 from blockdraft.decode.lookup import PromptLookup
+from blockdraft.decode.policy import AdaptiveWidth
 from blockdraft.decode.proposers import TargetAlone
 from blockdraft.model import target as target_module
 from blockdraft.sampling import SamplingParams, accept as accept_module
@@ -167,3 +170,64 @@ def test_a_limited_block_is_the_block_of_its_real_proposals():
     # Through the entry point: the padding is never accepted.
     count, _ = speculative_sample(p, q, tokens, torch.Generator().manual_seed(1), limits=limits)
     assert bool((count <= limits).all())
+
+
+# ------------------------------------------------------------------ which positions a ragged step verifies
+
+def test_runs_are_priced_by_the_suffix_their_occurrence_shares():
+    assert [strength_class(n) for n in (1, 2, 3, 4, 7, 8, 16)] == [0, 0, 0, 1, 1, 2, 2] and len(STRENGTHS) == 3
+    shared: list[int] = []
+    tokens = torch.tensor([[1, 2, 9, 1, 2, 0, 0, 0, 0, 0], [5, 6, 7, 8, 9, 4, 5, 6, 7, 8],
+                           [4, 5, 6, 7, 0, 0, 0, 0, 0, 0]])
+    lookup_block(tokens, torch.tensor([5, 10, 4]), 4, shared=shared)
+    assert shared == [2, 4, 0], "row 0 repeats [1, 2], row 1 [5, 6, 7, 8], row 2 nothing"
+    lookup = PromptLookup(4, COSTS)
+    lookup.runs(tokens, torch.tensor([5, 10, 4]))
+    assert lookup.row_policies == [lookup.strength_policies[0], lookup.strength_policies[1], None]
+    # A ragged step records each row's run in its class (and the pooled prompt record), and only over its run.
+    lookup.observe_graft(3, [2, 0, 0], runs=[3, 1, 0], by_row=True)
+    weak, middle, strong = lookup.strength_policies
+    assert weak.reached[:3].tolist() == [1.0, 1.0, 1.0] and weak.accepted[:3].tolist() == [1.0, 1.0, 0.0]
+    assert middle.reached[:3].tolist() == [1.0, 0.0, 0.0] and middle.accepted.sum() == 0
+    assert strong.reached.sum() == 0 and lookup.policy.reached[:3].tolist() == [2.0, 1.0, 1.0]
+
+
+def ragged_lookup(costs, alphas):
+    """A PromptLookup whose three rows' runs (8 tokens each) are priced by policies of slot acceptance alphas."""
+    lookup = PromptLookup(8, costs)
+    lookup.row_policies = [lookup.strength_policies[i] for i in range(3)]
+    for policy, alpha in zip(lookup.strength_policies, alphas):
+        policy.alpha = lambda alpha=alpha: torch.full((15,), alpha, dtype=torch.float64)
+    return lookup
+
+
+def test_a_ragged_step_verifies_the_likeliest_positions_where_they_pay():
+    # Three rows; plain step 10; 1-4 more positions cost 2 (one block of an int4 product), 5-8 another 2.
+    costs = CostModel({4: 10.0}, {4: {2: 20.0, 16: 50.0}}, {4: {1: 12.0, 4: 12.0, 8: 14.0, 16: 22.0}})
+    draft = AdaptiveWidth(4, costs)
+    draft.at_batch(3)
+    lookup = ragged_lookup(costs, (0.3, 0.9, 0.99))
+    # The 0.99 row's 8 positions (0.99, 0.98, ... 0.92) come first, then the 0.9 row's (0.9, 0.81, 0.73): 10 more
+    # positions for 3 + 8.36 tokens in 16 s (0.772 a second) beat 9 (0.770), 11 (0.770), 8 (0.761) and 4 (0.575).
+    assert lookup.ragged_lengths(draft, [8, 8, 8], 3) == [0, 2, 8]
+    assert lookup.ragged_lengths(draft, [8, 8, 3], 3) == [0, 5, 3], "a shorter run leaves room for the next"
+    # Expensive positions: nothing pays, and a row without a run is never given one.
+    costs = CostModel({4: 10.0}, {4: {2: 20.0, 16: 50.0}}, {4: {1: 20.0, 16: 200.0}})
+    draft = AdaptiveWidth(4, costs)
+    draft.at_batch(3)
+    assert ragged_lookup(costs, (0.3, 0.9, 0.99)).ragged_lengths(draft, [8, 0, 8], 3) == [0, 0, 0]
+    lookup = ragged_lookup(costs, (0.3, 0.9, 0.99))
+    lookup.since_graft = 10_000  # a re-try is due: the likeliest candidate alone
+    assert lookup.ragged_lengths(draft, [8, 0, 8], 3) == [0, 0, 1]
+
+
+def test_searches_that_graft_nothing_are_spaced_out_by_the_batch():
+    for rows, expected in ((1, [1] * 12), (8, [1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1])):
+        lookup, searches = PromptLookup(4, COSTS), []
+        for _ in range(len(expected)):
+            searches.append(int(lookup.may_search()))
+            if searches[-1]:
+                lookup.searched(False, rows)
+        assert searches == expected, f"{rows} rows"
+    lookup.searched(True, 8)
+    assert lookup.may_search() and lookup.may_search(), "a graft resets the spacing"
