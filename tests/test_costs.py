@@ -30,6 +30,9 @@ def test_ragged_steps_are_priced_from_their_own_measurements():
     assert model.ragged_seconds(8, 0) == 13.0 and model.ragged_seconds(8, 4) == 17.0
     assert model.ragged_seconds(8, 6) == pytest.approx(19.0), "between 4 and 8: on their line"
     assert model.ragged_seconds(8, 12) == pytest.approx(25.0), "past the last: its slope"
+    longer = CostModel({8: 13.0}, {8: {2: 26.0}}, {8: {0: 15.0, 4: 19.0}})  # timed over a longer context
+    assert longer.ragged_seconds(8, 0) == 15.0 and longer.ragged_seconds(8, 2) == pytest.approx(17.0), \
+        "a table with its own plain step is read from it, not from the shorter context's"
     unmeasured = CostModel({8: 13.0}, {8: {2: 26.0, 16: 124.0}})
     assert unmeasured.ragged_seconds(8, 4) == pytest.approx(13.0 + 4 * 7.0 / 8), "else per_position / rows each"
     assert CostModel.from_json(model.to_json()) == model
@@ -54,7 +57,7 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
     drafter = Drafter(tiny_draft(target, block_size=4), target)
     model = measured_costs(target, drafter, True, rows=3)
     assert model.buckets() == {1, 2, 4} and set(model.drafted[1]) == {2, 4, 8}, "every bucket up to 3 rows"
-    assert set(model.ragged[1]) == {1, 2, 4, 8} and set(model.ragged[2]) == {1, 2, 4, 8, 16}, "15 a row at most"
+    assert set(model.ragged[1]) == {0, 1, 2, 4, 8} and set(model.ragged[2]) == {0, 1, 2, 4, 8, 16}, "15 a row"
     assert all(seconds > 0 for seconds in model.plain.values())
     assert measured_costs(target, drafter, True, rows=2) is model, "measured once per process"
     monkeypatch.setattr(generate, "_COSTS", {})

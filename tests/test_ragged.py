@@ -221,6 +221,27 @@ def test_a_ragged_step_verifies_the_likeliest_positions_where_they_pay():
     assert lookup.ragged_lengths(draft, [8, 0, 8], 3) == [0, 0, 1]
 
 
+def test_runs_of_each_strength_start_from_its_measured_acceptance():
+    # Plain step 10 over 2 rows; 1 / 4 / 8 more positions cost 2.5 / 6 / 10: a first position pays from 0.52 accepted.
+    costs = CostModel({2: 10.0}, {2: {2: 20.0, 16: 50.0}}, {2: {1: 12.5, 4: 16.0, 8: 20.0, 16: 30.0}})
+    draft = AdaptiveWidth(4, costs)
+    draft.at_batch(2)
+    lookup = PromptLookup(8, costs)
+    weak, _, strong = lookup.strength_policies
+    assert [round(a, 2) for a in strong.alpha()[:3].tolist()] == [0.95, 0.85, 0.85]
+    assert weak.alpha()[0].item() == 0.45
+    lookup.row_policies = [weak, strong]
+    # The strong run's 0.95, 0.81, 0.69, 0.58, 0.50 come first, then the weak one's 0.45 among the strong one's.
+    assert lookup.ragged_lengths(draft, [8, 8], 2) == [2, 6], "a strong run is verified from its first step"
+    lookup.row_policies = [None, AdaptiveWidth(lookup.width, costs, drafts=False)]  # the even prior they replaced
+    assert lookup.ragged_lengths(draft, [0, 8], 2) == [0, 0], "from an even prior it would not have been"
+    strong.record(9, [0] * 20, reach=[8] * 20)  # twenty misses: the record, not the prior, decides
+    lookup.row_policies = [None, strong]
+    assert lookup.ragged_lengths(draft, [0, 8], 2) == [0, 0]
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        AdaptiveWidth(4, costs, prior=(1.0, None))
+
+
 def test_searches_that_graft_nothing_are_spaced_out_by_the_batch():
     for rows, expected in ((1, [1] * 12), (8, [1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1])):
         lookup, searches = PromptLookup(4, COSTS), []

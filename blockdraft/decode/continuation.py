@@ -78,6 +78,10 @@ def lookup_block(tokens: torch.Tensor, lengths: torch.Tensor, count: int, max_ng
 # target's next one for 35-44 % of the runs sharing 2 tokens, 55-61 % at 3, 66-82 % at 4, 72-85 % at 5-7 and 95 %
 # at 8 or more (mean accepted run 1.8-2.0 tokens at 2, 6.4-9.2 at 8+): each class's acceptance is learnt apart.
 STRENGTHS = (2, 4, 8)
+# Each class's record starts from those rates (AdaptiveWidth's `prior`: slot 1's acceptance, and slot 2's): a run
+# whose first token was right went on for 4.6-9.7 tokens on average in every class, about 0.8-0.9 a slot after the
+# first. From an even prior the strongest runs, right 95 % of the time, were rarely verified often enough to learn it.
+STRENGTH_PRIORS = ((0.45, 0.8), (0.75, 0.85), (0.95, 0.85))
 
 
 def strength_class(shared: int) -> int:

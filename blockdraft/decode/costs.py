@@ -33,6 +33,9 @@ ROUNDS = 3  # every width is timed once per round, the rounds one after another 
 STEPS_PER_ROUND = 3  # timed steps of each width per round (after WARM_STEPS untimed ones); the fastest counts
 WARM_STEPS = 2  # a first step of a shape pays one-off costs (allocation, kernel selection)
 PROMPT_LENGTH = 64  # positions of the synthetic prompt the steps are timed on
+# Ragged steps are timed over a longer one: their extra positions attend over the context, and a served answer's is
+# a few hundred positions (over 320 positions 4 more positions of 8 q4 rows cost 8.6 ms, over 64 5.6 ms)
+RAGGED_PROMPT_LENGTH = 256
 
 
 def batch_bucket(rows: int) -> int:
@@ -90,9 +93,10 @@ class CostModel:
 
     def ragged_seconds(self, rows: int, extra: int) -> float:
         """Expected seconds of a plain step over `rows` rows that verifies `extra` more positions between them (a
-        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`), read off the straight line
-        between them (beyond the last: its slope); the products of an int4 target run rows in blocks (1-4, 5-8,
-        9-12, ... cost alike at SmolLM2's widths on an EPYC), so a step's cost is not linear in its rows."""
+        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`, 0 included, over a longer prompt
+        than the other steps), read off the straight line between them (beyond the last: its slope); the products
+        of an int4 target run rows in blocks (1-4, 5-8, 9-12, ... cost alike at SmolLM2's widths on an EPYC), so a
+        step's cost is not linear in its rows."""
         key = ("ragged", rows, extra)
         if key not in self._known:
             self._known[key] = self._ragged_seconds(rows, extra)
@@ -100,8 +104,8 @@ class CostModel:
 
     def _ragged_seconds(self, rows: int, extra: int) -> float:
         bucket = self._bucket(rows)
-        plain = self.plain[bucket]
-        table = {0: plain, **self.ragged.get(bucket, {})}
+        table = {0: self.plain[bucket], **self.ragged.get(bucket, {})}  # its own plain step where timed
+        plain = table[0]
         if extra <= 0:
             return plain
         if len(table) == 1:
@@ -155,7 +159,7 @@ def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 
     return CostModel({b: plain for b in buckets}, {b: dict(drafted) for b in buckets})
 
 
-RAGGED_EXTRA = (1, 2, 4, 8, 16)  # extra positions a ragged step is timed at (at most 15 a row)
+RAGGED_EXTRA = (0, 1, 2, 4, 8, 16)  # extra positions a ragged step is timed at (at most 15 a row; 0: plain)
 
 
 def measure_costs(decode_steps, widths: list[int], buckets: list[int], ragged_steps=None) -> CostModel:
@@ -168,20 +172,21 @@ def measure_costs(decode_steps, widths: list[int], buckets: list[int], ragged_st
     the default mode 0.94x the target alone on the quiet machine, where a fresh measurement gave 1.14x.
     Interleaving the widths gives each of them a chance at the machine's quiet moments: the policy compares
     widths, so their ratios are what must hold. `ragged_steps(rows, extra, steps)`, where given, times ragged
-    steps of each of RAGGED_EXTRA extra positions (up to 15 a row) in the same rounds."""
+    steps of each of RAGGED_EXTRA extra positions (up to 15 a row; 0: their own plain step, over their own
+    prompt) in the same rounds."""
     model = CostModel()
     for bucket in buckets:
         extras = [e for e in RAGGED_EXTRA if e <= 15 * bucket] if ragged_steps is not None else []
-        runs = [(decode_steps, width) for width in widths] + [(ragged_steps, -e) for e in extras]
-        times: dict[int, list[float]] = {key: [] for _, key in runs}
+        runs = [(decode_steps, "width", w) for w in widths] + [(ragged_steps, "extra", e) for e in extras]
+        times: dict[tuple, list[float]] = {(kind, n): [] for _, kind, n in runs}
         for _ in range(ROUNDS):
-            for timer, key in runs:
-                times[key] += timer(bucket, abs(key), WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+            for timer, kind, n in runs:
+                times[kind, n] += timer(bucket, n, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
         fastest = {key: min(seconds) if seconds else 0.0 for key, seconds in times.items()}
-        model.plain[bucket] = fastest.pop(1)
-        model.drafted[bucket] = {w: t for w, t in fastest.items() if w > 0}
+        model.plain[bucket] = fastest[("width", 1)]
+        model.drafted[bucket] = {n: t for (kind, n), t in fastest.items() if kind == "width" and n > 1}
         if extras:
-            model.ragged[bucket] = {-e: t for e, t in fastest.items() if e < 0}
+            model.ragged[bucket] = {n: t for (kind, n), t in fastest.items() if kind == "extra"}
     return model
 
 
@@ -223,7 +228,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
                                 taps=list(draft_config.target_layer_ids)),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND, statistic="min",
-                     prompt=PROMPT_LENGTH)
+                     prompt=PROMPT_LENGTH, ragged=dict(prompt=RAGGED_PROMPT_LENGTH, extra=list(RAGGED_EXTRA)))
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .continuation import MAX_NGRAM, STRENGTHS, lookup_block, strength_class
+from .continuation import MAX_NGRAM, STRENGTH_PRIORS, lookup_block, strength_class
 from .costs import CostModel
 from ..io.ngrams import RUN as TABLE_RUN, NgramTable
 from .policy import FADE, AdaptiveWidth, budgeted_interval
@@ -60,9 +60,9 @@ class PromptLookup:
         # policy of the runs found last (the table's when every run came from it).
         self.table_policy = AdaptiveWidth(self.width, costs, drafts=False) if table is not None and costs else None
         # Runs onto a plain step are priced row by row (`ragged_lengths`), a prompt run by its strength class's own
-        # record (STRENGTHS): `row_policies` holds, per row of the runs found last, the policy its run is priced by
-        # (None: no run). A policy passed in prices every run.
-        self.strength_policies = ([AdaptiveWidth(self.width, costs, drafts=False) for _ in STRENGTHS]
+        # record (STRENGTHS), from its measured prior: `row_policies` holds, per row of the runs found last, the policy
+        # its run is priced by (None: no run). A policy passed in prices every run.
+        self.strength_policies = ([AdaptiveWidth(self.width, costs, drafts=False, prior=p) for p in STRENGTH_PRIORS]
                                   if policy is None else None)
         self.row_policies: list = []
         self.current = self.policy

@@ -11,8 +11,8 @@ import torch
 
 from ..io.targets import cache_root
 from ..model.target import Target
-from .costs import (PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopwatch, batch_bucket, cost_key,
-                    linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
+from .costs import (PROMPT_LENGTH, RAGGED_PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopwatch,
+                    batch_bucket, cost_key, linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
 from .drafter import Drafter
 from .generate import stream
 from .policy import candidate_widths
@@ -47,7 +47,7 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
         K = drafter.block_size
         widths = candidate_widths(2 * K if tree else K)
         model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing,
-                                   ragged_steps=lambda b, e, n: _timed_steps(target, drafter, tree, b, 1, n, extra=e)))
+                                   ragged_steps=lambda b, e, n: _timed_steps(target, drafter, tree, b, 1, n, e)))
         if key is not None:
             write_cached(folder, key, model)
     return model
@@ -71,11 +71,13 @@ _REMEASURED: set = set()  # cost keys measured afresh in this process
 
 
 def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int,
-                 extra: int = 0) -> list[float]:
+                 extra: int | None = None) -> list[float]:
     """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt; with
-    `extra`, ragged steps (plain steps whose rows verify `extra` more positions between them: RaggedWatch)."""
+    `extra`, ragged steps (plain steps whose rows verify `extra` more positions between them: RaggedWatch; 0: plain
+    steps) over a longer prompt."""
     vocab = int(target.lm_head.weight.shape[0])
-    length = max(4, min(PROMPT_LENGTH, target.max_positions // 4))
+    longest = PROMPT_LENGTH if extra is None else RAGGED_PROMPT_LENGTH
+    length = max(4, min(longest, target.max_positions // 4))
     prompt = [(i * 7919 + 11) % vocab for i in range(length)]
     budget = max(1, min((steps + 1) * width, target.max_positions - length - 4 * drafter.block_size))
     watch, done = Stopwatch(width), []
@@ -84,7 +86,7 @@ def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width:
         done.append(1)
         return range(rows) if len(done) > steps + 1 else []
 
-    if extra:
+    if extra:  # a ragged step runs no draft: its cache room is the lookahead's (RaggedWatch)
         watch, budget = RaggedWatch(drafter, extra), max(1, min((steps + 1) * 16, target.max_positions - length - 32))
         proposer = watch
     else:

@@ -115,12 +115,18 @@ class AdaptiveWidth:
 
     def __init__(self, block_size: int, costs: CostModel, *, drafts: bool = True, decay: float = 0.97,
                  explore_every: int = 32, explore_close: int = 8, close: float = 0.9, prior_strength: float = 2.0,
-                 margin: float = 1.02, explore_budget: float = 0.02, opening: int = 2) -> None:
+                 margin: float = 1.02, explore_budget: float = 0.02, opening: int = 2,
+                 prior: tuple[float, float | None] = (0.5, None)) -> None:
         if not isinstance(costs, CostModel):
             raise TypeError(f"an adaptive width needs a CostModel (decode/costs.py), got {type(costs).__name__}")
         self.block_size, self.costs, self.drafts = block_size, costs, drafts
         self.widths = candidate_widths(block_size)
         self.decay, self.prior_strength, self.margin = decay, prior_strength, margin
+        # The prior mean acceptance of slot 1, and of slot 2 (None: slot 1's posterior); every later slot's is the
+        # previous slot's posterior. A source whose acceptance is known beforehand starts from it (lookup.py).
+        if not all(p is None or 0.0 < p < 1.0 for p in prior):
+            raise ValueError(f"prior acceptances must lie strictly between 0 and 1, got {prior}")
+        self.prior = prior
         self.explore_every, self.explore_close, self.close = explore_every, explore_close, close
         self.explore_budget = explore_budget  # the most of the decode time that re-tries may cost
         # The first steps are the widest: from the priors alone every width looks alike and the cheapest drafted
@@ -160,9 +166,12 @@ class AdaptiveWidth:
         return self.costs.per_position(self.rows)
 
     def alpha(self) -> torch.Tensor:
-        """Posterior mean acceptance of slots 1..K-1 [K-1]; each slot's prior mean is the previous slot's."""
-        out, prior = [], 0.5  # Python floats: this runs every step, and a loop over tensor scalars costs ~0.1 ms
-        for accepted, reached in zip(self.accepted.tolist(), self.reached.tolist()):
+        """Posterior mean acceptance of slots 1..K-1 [K-1]; each slot's prior mean is the previous slot's posterior
+        (slot 1's, and slot 2's where given: `prior`)."""
+        out, (prior, second) = [], self.prior  # Python floats: this runs every step, a loop over tensor scalars ~0.1 ms
+        for slot, (accepted, reached) in enumerate(zip(self.accepted.tolist(), self.reached.tolist())):
+            if slot == 1 and second is not None:
+                prior = second
             prior = (accepted + self.prior_strength * prior) / (reached + self.prior_strength)
             out.append(prior)
         return torch.tensor(out, dtype=torch.float64)
