@@ -171,17 +171,19 @@ def measure_costs(decode_steps, widths: list[int], buckets: list[int], ragged_st
     inflate: a median taken while other jobs ran priced some widths at their slow spells, and the cache then made
     the default mode 0.94x the target alone on the quiet machine, where a fresh measurement gave 1.14x.
     Interleaving the widths gives each of them a chance at the machine's quiet moments: the policy compares
-    widths, so their ratios are what must hold. `ragged_steps(rows, extra, steps)`, where given, times ragged
-    steps of each of RAGGED_EXTRA extra positions (up to 15 a row; 0: their own plain step, over their own
-    prompt) in the same rounds."""
+    widths, so their ratios are what must hold. `ragged_steps(rows, extras, steps)`, where given, times `steps`
+    ragged steps of each count of `extras` extra positions (RAGGED_EXTRA, up to 15 a row; 0: their own plain step,
+    over their own prompt) in each round, and returns each count's seconds."""
     model = CostModel()
     for bucket in buckets:
         extras = [e for e in RAGGED_EXTRA if e <= 15 * bucket] if ragged_steps is not None else []
-        runs = [(decode_steps, "width", w) for w in widths] + [(ragged_steps, "extra", e) for e in extras]
-        times: dict[tuple, list[float]] = {(kind, n): [] for _, kind, n in runs}
+        times: dict[tuple, list[float]] = {("width", w): [] for w in widths} | {("extra", e): [] for e in extras}
         for _ in range(ROUNDS):
-            for timer, kind, n in runs:
-                times[kind, n] += timer(bucket, n, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+            for width in widths:
+                times["width", width] += decode_steps(bucket, width, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+            if extras:  # every count in one decode, in turn
+                for extra, seconds in ragged_steps(bucket, extras, WARM_STEPS + STEPS_PER_ROUND).items():
+                    times["extra", extra] += seconds[WARM_STEPS:]
         fastest = {key: min(seconds) if seconds else 0.0 for key, seconds in times.items()}
         model.plain[bucket] = fastest[("width", 1)]
         model.drafted[bucket] = {n: t for (kind, n), t in fastest.items() if kind == "width" and n > 1}

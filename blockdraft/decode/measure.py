@@ -47,7 +47,7 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
         K = drafter.block_size
         widths = candidate_widths(2 * K if tree else K)
         model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing,
-                                   ragged_steps=lambda b, e, n: _timed_steps(target, drafter, tree, b, 1, n, e)))
+                                   ragged_steps=lambda b, extras, n: _timed_ragged(target, drafter, b, extras, n)))
         if key is not None:
             write_cached(folder, key, model)
     return model
@@ -70,50 +70,71 @@ _COSTS: dict = {}  # cost models measured or read in this process, by cost key
 _REMEASURED: set = set()  # cost keys measured afresh in this process
 
 
-def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int,
-                 extra: int | None = None) -> list[float]:
-    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt; with
-    `extra`, ragged steps (plain steps whose rows verify `extra` more positions between them: RaggedWatch; 0: plain
-    steps) over a longer prompt."""
+def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int) -> list[float]:
+    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt."""
+    watch = Stopwatch(width)
     vocab = int(target.lm_head.weight.shape[0])
-    longest = PROMPT_LENGTH if extra is None else RAGGED_PROMPT_LENGTH
-    length = max(4, min(longest, target.max_positions // 4))
+    proposer = TreeProposer(drafter, watch) if tree else ChainProposer(drafter, watch, vocab_size=vocab)
+    _run(target, proposer, rows, PROMPT_LENGTH, steps, per_step=width, room=4 * drafter.block_size)
+    return watch.seconds
+
+
+def _timed_ragged(target: Target, drafter: Drafter, rows: int, extras: list[int], steps: int) -> dict[int, list[float]]:
+    """The seconds of `steps` ragged steps of `rows` rows at each count of `extras` (plain steps whose rows verify
+    that many more positions between them: RaggedWatch; 0: plain steps), taken in turn in one decode of a longer
+    prompt: one prefill for them all."""
+    watch = RaggedWatch(drafter, extras)
+    _run(target, watch, rows, RAGGED_PROMPT_LENGTH, steps * len(extras), per_step=16, room=32)
+    return watch.by_extra()
+
+
+def _run(target: Target, proposer, rows: int, prompt_length: int, steps: int, per_step: int, room: int) -> None:
+    """Decode `rows` copies of a synthetic prompt of `prompt_length` positions (at most a quarter of the target's
+    context) for `steps` steps, greedy, whatever the steps accept: up to `per_step` tokens a step, leaving `room`
+    positions of the context free."""
+    vocab = int(target.lm_head.weight.shape[0])
+    length = max(4, min(prompt_length, target.max_positions // 4))
     prompt = [(i * 7919 + 11) % vocab for i in range(length)]
-    budget = max(1, min((steps + 1) * width, target.max_positions - length - 4 * drafter.block_size))
-    watch, done = Stopwatch(width), []
+    budget = max(1, min((steps + 1) * per_step, target.max_positions - length - room))
+    done = []
 
     def stop_after_steps():  # every row ends once `steps` steps are timed
         done.append(1)
         return range(rows) if len(done) > steps + 1 else []
 
-    if extra:  # a ragged step runs no draft: its cache room is the lookahead's (RaggedWatch)
-        watch, budget = RaggedWatch(drafter, extra), max(1, min((steps + 1) * 16, target.max_positions - length - 32))
-        proposer = watch
-    else:
-        proposer = TreeProposer(drafter, watch) if tree else ChainProposer(drafter, watch, vocab_size=vocab)
     for _ in stream(target, proposer, [prompt] * rows, max_new_tokens=budget, stop_token_ids=[],
                     drop=stop_after_steps):
         pass
-    return watch.seconds
 
 
 class RaggedWatch(Stopwatch):
-    """A proposer of ragged steps that times them (costs.Stopwatch): `extra` guesses spread over the rows, up to 15
-    a row from the first, each row's anchor repeated (a lookup run's cost does not depend on its tokens)."""
+    """A proposer of ragged steps that times them (costs.Stopwatch), cycling through `extras`: a step of e extra
+    guesses spreads them over the rows, up to 15 a row from the first, each row's anchor repeated (a lookup run's
+    cost does not depend on its tokens); e = 0 is a plain step."""
 
-    def __init__(self, drafter: Drafter, extra: int) -> None:
+    def __init__(self, drafter: Drafter, extras: list[int]) -> None:
         super().__init__(1)
-        self.drafter, self.extra = drafter, extra
+        self.drafter, self.extras, self.chosen = drafter, list(extras), []  # chosen: each step's extra guesses
         self.tap_layer_ids, self.block_size = drafter.tap_layer_ids, drafter.block_size
         self.lookahead = max(16, drafter.block_size)  # the cache room past the anchor: 15 guesses a row
 
     def propose(self, state, selector):
         self.choose()
+        extra = self.extras[len(self.chosen) % len(self.extras)]
+        self.chosen.append(extra)
         anchors, _ = state.anchors()  # [B]
-        counts = [min(15, max(0, self.extra - 15 * b)) for b in range(anchors.shape[0])]
-        proposal = chain(anchors, anchors[:, None].repeat(1, max(counts)), None, drafted=False, lookup=True)
-        proposal.widths = 1 + torch.tensor(counts, device=anchors.device)  # [B]
+        counts = [min(15, max(0, extra - 15 * b)) for b in range(anchors.shape[0])]
+        proposal = chain(anchors, anchors[:, None].repeat(1, max(counts)), None, drafted=False, lookup=extra > 0)
+        if extra:
+            proposal.widths = 1 + torch.tensor(counts, device=anchors.device)  # [B]
         return proposal
+
+    def by_extra(self) -> dict[int, list[float]]:
+        """The seconds of the timed steps (`seconds`: each step's, up to the next one's start) by their extras."""
+        out: dict[int, list[float]] = {e: [] for e in self.extras}
+        for extra, seconds in zip(self.chosen, self.seconds):
+            out[extra].append(seconds)
+        return out
 
     def observe(self, proposal, ok, num_accepted) -> None:
         pass
