@@ -125,6 +125,7 @@ def test_each_twin_computes_its_originals_bits():
     assert torch.equal(scripted.rotate_twin(heads, c, s), lean.rotate(heads, c, s))
     target = int4_target("llama")
     weight4 = target.linears[0]["qkv"].weight
-    rows = torch.randn(5, weight4.in_features, generator=generator).bfloat16()
-    assert torch.equal(scripted.int4_product_twin(rows, weight4.packed, weight4.scales_zeros, q4.BLOCK),
-                       q4.int4_product(rows, weight4))
+    for count in (1, 4, 5, 9, 17, 65):  # 5, 9 and 17 rows run their last row apart
+        rows = torch.randn(count, weight4.in_features, generator=generator).bfloat16()
+        assert torch.equal(scripted.int4_product_twin(rows, weight4.packed, weight4.scales_zeros, q4.BLOCK),
+                           q4.int4_product(rows, weight4)), f"{count} rows"

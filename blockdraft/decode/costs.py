@@ -224,7 +224,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      dtype=str(target.dtype), device=hardware, threads=torch.get_num_threads(),
                      torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
                      # how int4 products run; the earlier form (bf16 products above 4 rows) timed otherwise
-                     int4="q4_1 every row" if getattr(target, "quantized", False) else False,
+                     int4="q4_1 every row, 4k + 1 rows split" if getattr(target, "quantized", False) else False,
                      # the step's form: model/lean.py, scripted.py, packed.single_row_differs, step.py's plain steps
                      forward="lean layers, paired single rows, lean plain steps, ragged steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
