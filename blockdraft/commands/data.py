@@ -36,6 +36,10 @@ def add_arguments(parser) -> None:
                         help="0: the target's greedy answer; > 0 (e.g. 0.8): sampled answers, seeded per prompt and "
                              "answer (docs/data.md)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of sampled answers (1: none)")
+    parser.add_argument("--human-answers", action="store_true",
+                        help="keep the answers people wrote (sharegpt-turns) and label them with the target's greedy "
+                             "token after each position, from one prefill, instead of regenerating (docs/data.md "
+                             "§6); --batch-size then counts prefill rows (8 is a good start on a CPU)")
     add_compute_arguments(parser)
 
 
@@ -44,6 +48,8 @@ def run(args) -> int:
     from ..train.regenerate import build_dataset
 
     answers = Answers(args.answers, args.temperature, args.top_p)  # refused before the target loads
+    if args.human_answers:
+        return _human_answers(args, answers)
     set_compute(args)
     target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
     meta = build_dataset(target, args.out, sets=[s for s in args.sets.split(",") if s], count=args.count,
@@ -51,5 +57,23 @@ def run(args) -> int:
                          batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed,
                          magpie_fraction=args.magpie_fraction, skip_held=[f for f in args.skip_held.split(",") if f],
                          answers=answers)
+    print(json.dumps({key: value for key, value in meta.items() if key != "empty_response_ids"}))
+    return 0
+
+
+def _human_answers(args, answers) -> int:
+    from ..errors import InputError
+    from ..train.human_answers import HUMAN_SETS, build_human_dataset
+
+    if answers.sampled or args.answers != 1:
+        raise InputError("--human-answers keeps the answers people wrote: --answers and --temperature do not apply; "
+                         "leave them out")
+    sets = list(HUMAN_SETS) if args.sets == ",".join(DEFAULT_TRAINING_SETS) else [s for s in args.sets.split(",") if s]
+    set_compute(args)
+    target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
+    meta = build_human_dataset(target, args.out, sets=sets, count=args.count, max_prompt_tokens=args.max_prompt_tokens,
+                               max_answer_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                               shard_size=args.shard_size, seed=args.seed,
+                               skip_held=[f for f in args.skip_held.split(",") if f])
     print(json.dumps({key: value for key, value in meta.items() if key != "empty_response_ids"}))
     return 0

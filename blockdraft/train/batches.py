@@ -121,6 +121,8 @@ def data_fingerprint(examples: list[Example]) -> str:
         digest.update(example.id.encode() + b"\0")
         digest.update(array("q", example.input_ids).tobytes())
         digest.update(bytes(example.loss_mask))
+        if (greedy := getattr(example, "greedy", None)) is not None:
+            digest.update(b"greedy" + array("q", greedy).tobytes())
     return digest.hexdigest()
 
 
@@ -184,5 +186,20 @@ def make_micro_batch(examples: list[Example], indices: list[int] | None, *, step
         keep.append(k)
     tokens, loss_mask = tokens.to(device), loss_mask.to(device)
     anchors, keep = torch.cat(anchors).to(device), torch.cat(keep).to(device)  # [B, A]
-    blocks = block_targets(tokens, loss_mask, anchors, keep, block_size, gamma)
+    greedy = _greedy_labels([examples[i] for i in rows], tokens, max_seq_len)
+    blocks = block_targets(tokens, loss_mask, anchors, keep, block_size, gamma, greedy)
     return MicroBatch(tokens, loss_mask, anchors, keep, blocks, list(rows), [len(s) for s in seqs])
+
+
+def _greedy_labels(rows: list[Example], tokens: torch.Tensor, max_seq_len: int) -> torch.Tensor | None:
+    """[B, S] the target's argmax after each position where any row is a prefill-labelled human answer, else
+    None; a row of the target's own text takes its next token (g[t] = x[t + 1], the same labels)."""
+    if all(getattr(example, "greedy", None) is None for example in rows):
+        return None
+    greedy = torch.zeros_like(tokens)
+    greedy[:, :-1] = tokens[:, 1:]
+    for b, example in enumerate(rows):
+        if example.greedy is not None:
+            labels = example.greedy[:max_seq_len]
+            greedy[b, : len(labels)] = torch.tensor(labels, device=tokens.device)
+    return greedy

@@ -22,6 +22,7 @@ from ..io.prompts import encode_prompt
 from .shards import StoredExample, encode_shard, read_binary_shard, tokenizer_fingerprint
 
 SCHEMA = ("id", "input_ids", "loss_mask")
+OPTIONAL = ("greedy",)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class Example:
     id: str
     input_ids: list[int]
     loss_mask: list[int]
+    # A human-written answer labelled by one target prefill: the target's argmax after each token (docs/data.md
+    # §6); None where the response is the target's own.
+    greedy: list[int] | None = None
 
 
 def prompt_key(prompt_ids) -> bytes:
@@ -78,8 +82,9 @@ def select_prompts(prompts, tokenizer, *, count: int, max_prompt_tokens: int, se
     return kept, skipped
 
 
-def make_example(example_id: str, prompt_ids: list[int], response: list[int]) -> Example:
-    return Example(example_id, prompt_ids + response, [0] * len(prompt_ids) + [1] * len(response))
+def make_example(example_id: str, prompt_ids: list[int], response: list[int],
+                 greedy: list[int] | None = None) -> Example:
+    return Example(example_id, prompt_ids + response, [0] * len(prompt_ids) + [1] * len(response), greedy)
 
 
 def write_shard(path: Path, examples: list, *, tokenizer_sha256: str | None = None,
@@ -92,8 +97,12 @@ def write_shard(path: Path, examples: list, *, tokenizer_sha256: str | None = No
             raise ValueError("a binary shard records the tokenizer: pass tokenizer_sha256 and vocab_size")
         write_atomically(path, encode_shard(examples, tokenizer_sha256=tokenizer_sha256, vocab_size=vocab_size))
         return
-    lines = "".join(json.dumps({"id": ex.id, "input_ids": ex.input_ids, "loss_mask": ex.loss_mask}) + "\n"
-                    for ex in examples)
+    def record(ex) -> dict:
+        greedy = getattr(ex, "greedy", None)
+        return {"id": ex.id, "input_ids": ex.input_ids, "loss_mask": ex.loss_mask,
+                **({} if greedy is None else {"greedy": greedy})}
+
+    lines = "".join(json.dumps(record(ex)) + "\n" for ex in examples)
     write_atomically(path, lines)
 
 
@@ -149,21 +158,30 @@ def _parse_line(file: Path, number: int, line: str) -> Example:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise InputError(f"{where}: not valid JSON ({error.msg}); each line must be one JSON object") from error
-    if not isinstance(record, dict) or set(record) != set(SCHEMA):
+    if not isinstance(record, dict) or not set(SCHEMA) <= set(record) <= {*SCHEMA, *OPTIONAL}:
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise InputError(f"{where}: expected exactly the fields {list(SCHEMA)}, got {found}; regenerate the shard")
+        raise InputError(f"{where}: expected the fields {list(SCHEMA)} (and optionally {list(OPTIONAL)}), got "
+                         f"{found}; regenerate the shard")
     ids, mask = record["input_ids"], record["loss_mask"]
     if not (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask) and ids):
         raise InputError(f"{where}: `input_ids` and `loss_mask` must be non-empty lists of equal length")
     # type(...) is int: a bool or a float 1.0 would pass an equality test and fail far from this line.
     if not all(type(t) is int and t >= 0 for t in ids) or not all(type(m) is int and m in (0, 1) for m in mask):
         raise InputError(f"{where}: `input_ids` must be non-negative ints and `loss_mask` only 0/1")
-    return Example(str(record["id"]), ids, mask)
+    greedy = record.get("greedy")
+    if greedy is not None and not (isinstance(greedy, list) and len(greedy) == len(ids)
+                                   and all(type(t) is int and t >= 0 for t in greedy)):
+        raise InputError(f"{where}: `greedy` must be a list of non-negative ints as long as `input_ids`")
+    return Example(str(record["id"]), ids, mask, greedy)
 
 
 def emitted_tokens(examples) -> list[int]:
-    """Sorted distinct ids on the supervised (response) positions of training examples."""
+    """Sorted distinct ids on the supervised (response) positions of training examples, and of a prefill-labelled
+    example the target's greedy labels there (the ids the target emits after the position before)."""
     ids = set()
     for example in examples:
-        ids.update(t for t, m in zip(example.input_ids, example.loss_mask) if m)
+        mask, greedy = example.loss_mask, getattr(example, "greedy", None)
+        ids.update(t for t, m in zip(example.input_ids, mask) if m)
+        if greedy is not None:
+            ids.update(g for g, m in zip(greedy, mask[1:]) if m)
     return sorted(ids)

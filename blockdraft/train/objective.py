@@ -28,7 +28,7 @@ from .cross_entropy import cross_entropy_and_argmax
 class Blocks:
     anchors: torch.Tensor  # [B, A] anchor positions p_j (0 where padded)
     keep: torch.Tensor  # [B, A] bool, False for padding blocks
-    labels: torch.Tensor  # [B, A, K] y_{j,k} = x[p_j + k] (0 past the end)
+    labels: torch.Tensor  # [B, A, K] y_{j,k} = x[p_j + k] (g[p_j + k - 1] for prefill labels; 0 past the end)
     weights: torch.Tensor  # [B, A, K] w_{j,k} float32
 
 
@@ -69,15 +69,27 @@ def decay_weights(block_size: int, gamma: float) -> torch.Tensor:
     return torch.where(k >= 1, torch.exp(-(k - 1) / gamma), torch.zeros(()))
 
 
-def block_targets(tokens, loss_mask, anchors, keep, block_size: int, gamma: float) -> Blocks:
-    """Labels and weights of every block (docs/training.md §2.6)."""
+def block_targets(tokens, loss_mask, anchors, keep, block_size: int, gamma: float, greedy=None) -> Blocks:
+    """Labels and weights of every block (docs/training.md §2.6).
+
+    `greedy` [B, S] (human-written text labelled by one target prefill, §1): g[t] is the target's argmax after
+    x[..t]. Slot k is then labelled g[p_j + k - 1] and counts only while the text followed the target's greedy
+    path before it, x[p_j + i] = g[p_j + i - 1] for i = 1..k-1, so every label is what the target would write.
+    Where the text is the target's own greedy answer (g[t] = x[t + 1]) this is the plain rule.
+    """
     B, S = tokens.shape
     idx = anchors[..., None] + torch.arange(block_size, device=tokens.device)  # [B, A, K] absolute positions
     inside = idx < S
     flat = idx.clamp(max=S - 1).view(B, -1)
-    labels = tokens.gather(1, flat).view_as(idx) * inside
+    labels = tokens.gather(1, flat).view_as(idx) * inside  # x[p_j + k]
     supervised = loss_mask.gather(1, flat).view_as(idx).bool() & inside
     supervised[..., 0] = True  # slot 0 is excluded by the decay weight, not by the prefix product
+    if greedy is not None:
+        before = (idx - 1).clamp(min=0, max=S - 1).view(B, -1)
+        guesses = greedy.gather(1, before).view_as(idx) * inside  # g[p_j + k - 1]
+        on_path = labels == guesses  # [B, A, K] slot k's text token is the target's own
+        supervised[..., 2:] &= on_path[..., 1:-1]  # slot k needs slots 1..k-1 on the path (with the cumprod)
+        labels = torch.cat([labels[..., :1], guesses[..., 1:]], dim=-1)
     prefix = supervised.long().cumprod(dim=-1).bool()  # contiguous supervised prefix only
     valid = prefix & keep[..., None]
     weights = valid.float() * decay_weights(block_size, gamma).to(tokens.device)

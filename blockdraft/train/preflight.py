@@ -43,8 +43,9 @@ def check_data(examples: list[Example], draft_cfg: DraftConfig, where: str,
             raise ConfigError(f"the mask token id {draft_cfg.mask_token_id} occurs in example {example.id!r} of "
                               f"{where}; the mask must be a token the data never contains; pass another "
                               "mask_token_id (an unused special token)")
-        if max(ids) >= draft_cfg.vocab_size:
-            raise InputError(f"example {example.id!r} of {where} has token id {max(ids)}, outside the target's "
+        labels = getattr(example, "greedy", None) or [0]  # a human answer's greedy labels (docs/data.md §6)
+        if (largest := max(max(ids), max(labels))) >= draft_cfg.vocab_size:
+            raise InputError(f"example {example.id!r} of {where} has id {largest}, outside the target's "
                              f"{draft_cfg.vocab_size}-row embedding; the data was built with another tokenizer; "
                              "rebuild it with this target")
     limit = "" if max_seq_len is None else f" within max_seq_len {max_seq_len}"

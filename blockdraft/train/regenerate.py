@@ -62,13 +62,13 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
     settings = {"target": target.name, "sets": sets, "max_prompt_tokens": max_prompt_tokens,
                 "max_new_tokens": max_new_tokens, "seed": seed, "magpie": magpie, "sampling": answers.record()}
     fingerprint = tokenizer_fingerprint(target.tokenizer)
-    done, shard, tokens, empty_ids = _resume_point(out, settings, target.tokenizer, fingerprint)
+    done, shard, tokens, empty_ids = resume_point(out, settings, target.tokenizer, fingerprint)
     meta = {**settings, "prompts_requested": count, "format": "data-NNNNN.safetensors",
             "tokenizer_sha256": fingerprint, "decoding": answers.describe(),
             "chat_template": "target tokenizer's, add_generation_prompt=True"}
     # Written first, so that a run stopped right after its first shard still leaves the settings to resume with.
-    _write_meta(out, meta, len(done), tokens, {}, empty_ids, complete=False)
-    writer = _ShardWriter(out, shard, len(done), ShardSizer(shard_size, max_shard_bytes, fingerprint,
+    write_meta(out, meta, len(done), tokens, {}, empty_ids, complete=False)
+    writer = ShardWriter(out, shard, len(done), ShardSizer(shard_size, max_shard_bytes, fingerprint,
                                                             int(target.lm_head.weight.shape[0])))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[note]}"), TimeRemainingColumn()) as progress:
@@ -93,10 +93,10 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
                 tokens += len(result.tokens)
             if writer.add(examples):
                 # Keep meta.json current: a run stopped early still leaves a described, usable folder.
-                _write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=False)
+                write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=False)
             progress.update(task, advance=len(batch), note=f"{tokens} tok")
     writer.close()
-    return _write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=True)
+    return write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=True)
 
 
 def _answer(target, batch: list[tuple[str, list[int]]], answers: Answers, seed: int, max_new_tokens: int) -> list:
@@ -112,7 +112,7 @@ def _answer(target, batch: list[tuple[str, list[int]]], answers: Answers, seed: 
                                           seeds=[answer_seed(seed, example_id) for example_id, _ in batch])
 
 
-class _ShardWriter:
+class ShardWriter:
     """Cuts the examples handed to it into binary shards `out/data-NNNNN.safetensors`, numbered on from
     `number`, where `sizer` says (ShardSizer); `written` counts the examples in the folder's shards."""
 
@@ -162,7 +162,7 @@ def _choose_prompts(target, out: Path, file_sets: list[str], magpie: dict | None
     return chosen + extra, {key: skipped[key] + more[key] for key in skipped}, record
 
 
-def _resume_point(out: Path, settings: dict, tokenizer, fingerprint: str) -> tuple[set[str], int, int, set[str]]:
+def resume_point(out: Path, settings: dict, tokenizer, fingerprint: str) -> tuple[set[str], int, int, set[str]]:
     """(ids already written, the next shard's number, their response tokens, ids whose response was empty) of
     `out`.
 
@@ -193,7 +193,7 @@ def _resume_point(out: Path, settings: dict, tokenizer, fingerprint: str) -> tup
             set(meta.get("empty_response_ids", [])))
 
 
-def _write_meta(out: Path, meta: dict, examples: int, tokens: int, skipped: dict, empty_ids: set[str],
+def write_meta(out: Path, meta: dict, examples: int, tokens: int, skipped: dict, empty_ids: set[str],
                 complete: bool) -> dict:
     meta = {**meta, "examples": examples, "response_tokens": tokens, "skipped": skipped, "complete": complete,
             "empty_response_ids": sorted(empty_ids)}

@@ -6,6 +6,9 @@ A shard `data-NNNNN.safetensors` holds three arrays and a string metadata dict:
                              example's prompt and response ids, one example after the other
     offsets         [N + 1]  int64: example i is tokens[offsets[i]:offsets[i + 1]]
     prompt_lengths  [N]      int32: the loss mask is 0 on the first prompt_lengths[i] tokens, 1 after
+    greedy          [T]      optional, the dtype of `tokens`: for human-written answers labelled by one target
+                             prefill, the target's argmax after each token (docs/data.md §6); every example
+                             of such a shard has it
     metadata        format ("blockdraft-data"), version, ids (a JSON list of N strings), tokenizer (the sha256
                     of the target tokenizer's vocabulary: `tokenizer_fingerprint`)
 
@@ -27,20 +30,23 @@ from ..errors import InputError
 
 FORMAT, VERSION = "blockdraft-data", "1"
 ARRAYS = ("tokens", "offsets", "prompt_lengths")
+GREEDY = "greedy"
 MAX_SHARD_BYTES = 15 * 2**20  # small shards copy, resume and travel one at a time (docs/data.md §4)
 
 
 class StoredExample:
     """One example of a binary shard, read through the same `id`, `input_ids`, `loss_mask` as `data.Example`.
 
-    `input_ids` and `loss_mask` are new lists built from the shard's arrays on every access.
+    `input_ids`, `loss_mask` and `greedy` are new lists built from the shard's arrays on every access.
     """
 
-    __slots__ = ("id", "_tokens", "_start", "_end", "_prompt_length")
+    __slots__ = ("id", "_tokens", "_start", "_end", "_prompt_length", "_greedy")
 
-    def __init__(self, example_id: str, tokens: np.ndarray, start: int, end: int, prompt_length: int) -> None:
+    def __init__(self, example_id: str, tokens: np.ndarray, start: int, end: int, prompt_length: int,
+                 greedy: np.ndarray | None = None) -> None:
         self.id = example_id
         self._tokens, self._start, self._end, self._prompt_length = tokens, start, end, prompt_length
+        self._greedy = greedy
 
     @property
     def input_ids(self) -> list[int]:
@@ -51,10 +57,15 @@ class StoredExample:
         length = self._end - self._start
         return [0] * self._prompt_length + [1] * (length - self._prompt_length)
 
+    @property
+    def greedy(self) -> list[int] | None:
+        return None if self._greedy is None else self._greedy[self._start : self._end].tolist()
+
     def __eq__(self, other) -> bool:
         if not all(hasattr(other, name) for name in ("id", "input_ids", "loss_mask")):
             return NotImplemented
-        return (self.id, self.input_ids, self.loss_mask) == (other.id, other.input_ids, other.loss_mask)
+        return ((self.id, self.input_ids, self.loss_mask, self.greedy)
+                == (other.id, other.input_ids, other.loss_mask, getattr(other, "greedy", None)))
 
     __hash__ = None  # equal to a mutable Example, so not hashable either
 
@@ -95,6 +106,14 @@ def encode_shard(examples: list, *, tokenizer_sha256: str, vocab_size: int) -> b
         "offsets": np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
         "prompt_lengths": np.asarray([prompt_length(example) for example in examples], dtype=np.int32),
     }
+    labelled = [getattr(example, GREEDY, None) is not None for example in examples]
+    if any(labelled):
+        if not all(labelled) or any(len(e.greedy) != n for e, n in zip(examples, lengths)):
+            raise ValueError("a shard's examples all carry `greedy` labels of their own length, or none does")
+        greedy = np.concatenate([np.asarray(example.greedy, dtype=np.int64) for example in examples])
+        if greedy.min() < 0 or greedy.max() >= vocab_size:
+            raise ValueError(f"greedy labels must lie in [0, {vocab_size}), got {greedy.min()}..{greedy.max()}")
+        arrays[GREEDY] = greedy.astype(token_dtype(vocab_size))
     return save(arrays, metadata=_metadata([example.id for example in examples], tokenizer_sha256))
 
 
@@ -120,7 +139,8 @@ class ShardSizer:
         self.base = len(save(empty, metadata=_metadata([], tokenizer_sha256))) + 64  # digits and alignment
 
     def example_bytes(self, example) -> int:
-        return len(example.input_ids) * self.itemsize + 8 + 4 + 2 * len(json.dumps(example.id)) + 2
+        arrays = 1 if getattr(example, GREEDY, None) is None else 2  # tokens, and greedy labels where there are
+        return arrays * len(example.input_ids) * self.itemsize + 8 + 4 + 2 * len(json.dumps(example.id)) + 2
 
     def take(self, examples: list) -> int:
         """The number of leading `examples` the next shard holds (0 for no examples)."""
@@ -158,8 +178,8 @@ def read_binary_shard(path: Path, tokenizer_sha256: str | None = None) -> list[S
                          f"{str(metadata.get('tokenizer'))[:16]}, the target's is {tokenizer_sha256[:16]}): its ids "
                          "mean other tokens; regenerate the data with this target (`blockdraft data --target ...`)")
     ids, tokens, offsets, prompt_lengths = _checked(path, arrays, metadata)
-    bounds = offsets.tolist()
-    return [StoredExample(example_id, tokens, bounds[i], bounds[i + 1], prompt)
+    bounds, greedy = offsets.tolist(), arrays.get(GREEDY)
+    return [StoredExample(example_id, tokens, bounds[i], bounds[i + 1], prompt, greedy)
             for i, (example_id, prompt) in enumerate(zip(ids, prompt_lengths.tolist()))]
 
 
@@ -170,8 +190,12 @@ def _checked(path: Path, arrays: dict, metadata: dict) -> tuple[list[str], np.nd
         return InputError(f"{path}: {what}; the shard is damaged: delete it and run `blockdraft data --out "
                           f"{path.parent}` again")
 
-    if sorted(arrays) != sorted(ARRAYS):
-        raise bad(f"expected the arrays {list(ARRAYS)}, got {sorted(arrays)}")
+    if sorted(arrays) not in (sorted(ARRAYS), sorted((*ARRAYS, GREEDY))):
+        raise bad(f"expected the arrays {list(ARRAYS)} (and optionally {GREEDY!r}), got {sorted(arrays)}")
+    greedy = arrays.get(GREEDY)
+    if greedy is not None and (greedy.dtype != arrays["tokens"].dtype or greedy.shape != arrays["tokens"].shape
+                               or (greedy.dtype == np.int32 and (greedy < 0).any())):
+        raise bad(f"`{GREEDY}` has dtype {greedy.dtype} and shape {greedy.shape}; expected those of `tokens`")
     tokens, offsets, prompt_lengths = (arrays[name] for name in ARRAYS)
     try:
         ids = json.loads(metadata.get("ids", ""))
