@@ -150,3 +150,14 @@ def test_a_label_outside_the_embedding_is_refused_before_training():
     bad = Example("bad", [5, 6, 7], [0, 1, 1], [0, 6, 100])
     with pytest.raises(InputError, match="id 100, outside"):
         check_data([bad], draft_cfg, "data")
+
+
+def test_a_human_answer_is_kept_beside_the_targets_own_to_the_same_prompt():
+    from blockdraft.train.batches import first_of_each_prompt
+
+    own = Example("sharegpt-turns:a", [5, 6, 7, 8], [0, 0, 1, 1])
+    human = Example("sharegpt-turns:a:2", [5, 6, 9, 8], [0, 0, 1, 1], [0, 7, 8, 2])
+    again = Example("other:a", [5, 6, 7, 8], [0, 0, 1, 1])  # the target's greedy answer once more
+    repeats: list[str] = []
+    kept = first_of_each_prompt([own, human, again], set(), repeats)
+    assert kept == [own, human] and repeats == ["other:a"]

@@ -82,6 +82,8 @@ def answer_seed(seed: int, example_id: str) -> int:
 
 def example_key(example) -> bytes:
     """What `train` keeps once: the prompt of a greedy answer (another folder's greedy answer to the same prompt is
-    the same text), the prompt and the answer of a sampled one (every distinct sample is its own example)."""
+    the same text), the prompt and the answer of a sampled one or of a human answer with prefill labels (every
+    distinct text is its own example)."""
     key = example_prompt_key(example)
-    return key if not is_sampled(example.id) else key + b"/" + array("q", example.input_ids).tobytes()
+    distinct = is_sampled(example.id) or getattr(example, "greedy", None) is not None
+    return key if not distinct else key + b"/" + array("q", example.input_ids).tobytes()
