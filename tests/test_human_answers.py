@@ -161,3 +161,21 @@ def test_a_human_answer_is_kept_beside_the_targets_own_to_the_same_prompt():
     repeats: list[str] = []
     kept = first_of_each_prompt([own, human, again], set(), repeats)
     assert kept == [own, human] and repeats == ["other:a"]
+
+
+@torch.no_grad()
+def test_the_prefill_writes_the_feature_store_as_blockdraft_features_would(target, tmp_path):
+    from blockdraft.train.feature_store import FeatureStore, build_store, store_dir, token_digest
+    from blockdraft.train.forward import target_features
+
+    taps = (1, 3)
+    human_answers.build_human_dataset(target, tmp_path, sets=["fake"], count=10, max_answer_tokens=20,
+                                      batch_size=3, shard_size=2, feature_taps=taps)
+    folder = store_dir(tmp_path, target, taps)
+    store = FeatureStore([folder])
+    examples = read_examples(tmp_path)
+    assert len(store) == len({token_digest(e.input_ids) for e in examples}), "one entry per distinct sequence"
+    for example in examples:
+        alone = target_features(target, torch.tensor([example.input_ids]), taps)[0]  # [S, L*D]
+        torch.testing.assert_close(store.get(token_digest(example.input_ids)), alone, rtol=1e-5, atol=1e-5)
+    assert build_store(target, tmp_path, taps)["shards_written"] == 0, "a later `blockdraft features` keeps them"

@@ -6,7 +6,7 @@ import json
 
 from ..io.targets import load_target, parse_dtype
 from ..prompts import DEFAULT_TRAINING_SETS
-from .common import add_compute_arguments, set_compute
+from .common import add_compute_arguments, layer_ids, set_compute
 
 
 def add_arguments(parser) -> None:
@@ -40,14 +40,22 @@ def add_arguments(parser) -> None:
                         help="keep the answers people wrote (sharegpt-turns) and label them with the target's greedy "
                              "token after each position, from one prefill, instead of regenerating (docs/data.md "
                              "§6); --batch-size then counts prefill rows (8 is a good start on a CPU)")
+    parser.add_argument("--store-features", default=None, metavar="IDS",
+                        help="with --human-answers: comma-separated target layer ids (as `train "
+                             "--target-layer-ids`, e.g. 1,27) whose outputs the same prefill writes to the folder's "
+                             "feature store, so `train --feature-store` needs no `blockdraft features` pass")
     add_compute_arguments(parser)
 
 
 def run(args) -> int:
+    from ..errors import InputError
     from ..train.answers import Answers
     from ..train.regenerate import build_dataset
 
     answers = Answers(args.answers, args.temperature, args.top_p)  # refused before the target loads
+    if args.store_features is not None and not args.human_answers:
+        raise InputError("--store-features writes the features of --human-answers' prefill; regenerated data gets "
+                         "its store from `blockdraft features --data FOLDER`")
     if args.human_answers:
         return _human_answers(args, answers)
     set_compute(args)
@@ -65,15 +73,19 @@ def _human_answers(args, answers) -> int:
     from ..errors import InputError
     from ..train.human_answers import HUMAN_SETS, build_human_dataset
 
+    taps = layer_ids(args.store_features, "--store-features")
     if answers.sampled or args.answers != 1:
         raise InputError("--human-answers keeps the answers people wrote: --answers and --temperature do not apply; "
                          "leave them out")
     sets = list(HUMAN_SETS) if args.sets == ",".join(DEFAULT_TRAINING_SETS) else [s for s in args.sets.split(",") if s]
     set_compute(args)
     target = load_target(args.target, dtype=parse_dtype(args.dtype, args.device), device=args.device)
+    if taps is not None and any(not 0 <= i < target.num_layers for i in taps):
+        raise InputError(f"--store-features {args.store_features}: layer ids must lie in 0..{target.num_layers - 1} "
+                         "for this target")
     meta = build_human_dataset(target, args.out, sets=sets, count=args.count, max_prompt_tokens=args.max_prompt_tokens,
                                max_answer_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                shard_size=args.shard_size, seed=args.seed,
-                               skip_held=[f for f in args.skip_held.split(",") if f])
+                               skip_held=[f for f in args.skip_held.split(",") if f], feature_taps=taps)
     print(json.dumps({key: value for key, value in meta.items() if key != "empty_response_ids"}))
     return 0

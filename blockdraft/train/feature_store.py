@@ -69,15 +69,21 @@ def build_store(target: Target, data_dir: str | Path, tap_layer_ids, *, batch_to
             done["shards_kept"] += 1
         else:
             tensors = _shard_features(target, read_examples(shard, target.tokenizer), tap_layer_ids, batch_tokens)
-            metadata = {"target": target.name, "dtype": str(target.dtype), "taps": ",".join(map(str, tap_layer_ids)),
-                        "shard": shard.name}
-            write_atomically(out, save_tensors(tensors, metadata=metadata))
+            write_store_file(folder, shard, tensors, target, tap_layer_ids)
             done["shards_written"] += 1
             done["sequences"] += len(tensors)
             done["tokens"] += sum(t.shape[0] for t in tensors.values())
         if on_shard is not None:
             on_shard(1)
     return done
+
+
+def write_store_file(folder: Path, shard: Path, tensors: dict[str, torch.Tensor], target: Target,
+                     tap_layer_ids) -> None:
+    """Write the store's file for token shard `shard`: digest -> features [S, L*D], whole or not at all."""
+    metadata = {"target": target.name, "dtype": str(target.dtype), "taps": ",".join(map(str, tap_layer_ids)),
+                "shard": shard.name}
+    write_atomically(folder / f"{shard.stem}.safetensors", save_tensors(tensors, metadata=metadata))
 
 
 def _shard_features(target: Target, examples: list, tap_layer_ids, batch_tokens: int) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..io.prompts import encode_prompt
 from ..prompts import training_prompts
 from .data import held_prompts, make_example, prompt_key
+from .feature_store import store_dir, token_digest, write_store_file
 from .regenerate import ShardWriter, resume_point, write_meta
 from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
@@ -71,9 +72,11 @@ def human_pairs(prompts, tokenizer, *, count: int, max_prompt_tokens: int, max_a
 
 
 @torch.inference_mode()
-def prefill_greedy(target, rows: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+def prefill_greedy(target, rows: list[tuple[list[int], list[int]]],
+                   tap_layer_ids=()) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """Per (prompt ids, answer ids) row, g [len(prompt) + len(answer)]: the target's argmax after each position
-    of the prompt's last token on (0 before it: no label ever reads those), from one batched forward."""
+    of the prompt's last token on (0 before it: no label ever reads those), from one batched forward; and with
+    `tap_layer_ids`, each row's tapped features [len, L*D] from the same forward (else None)."""
     sequences = [p + a for p, a in rows]
     width = max(len(s) for s in sequences)
     ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences], device=target.device)  # [B, T]
@@ -83,16 +86,22 @@ def prefill_greedy(target, rows: list[tuple[list[int], list[int]]]) -> list[list
     starts = torch.tensor([len(p) - 1 for p, _ in rows], device=target.device)
     ends = torch.tensor([len(s) - 1 for s in sequences], device=target.device)
     logit_rows = torch.minimum(starts[:, None] + torch.arange(span, device=target.device), ends[:, None])  # [B, R]
-    logits = target.forward(ids, positions, target.new_cache(len(rows), width), (), logit_rows=logit_rows).logits
-    greedy = logits.argmax(-1).tolist()  # [B, R]
-    return [[0] * (len(p) - 1) + g[: len(a) + 1] for (p, a), g in zip(rows, greedy)]
+    out = target.forward(ids, positions, target.new_cache(len(rows), width), tuple(tap_layer_ids),
+                         logit_rows=logit_rows)
+    greedy = out.logits.argmax(-1).tolist()  # [B, R]
+    labels = [[0] * (len(p) - 1) + g[: len(a) + 1] for (p, a), g in zip(rows, greedy)]
+    if not tap_layer_ids:
+        return labels, None
+    return labels, [out.features[b, : len(s)].to("cpu").clone() for b, s in enumerate(sequences)]  # [S, L*D] each
 
 
 def build_human_dataset(target, out: str | Path, *, sets=HUMAN_SETS, count: int, max_prompt_tokens: int = 384,
                         max_answer_tokens: int = 256, batch_size: int = 8, shard_size: int = 2048, seed: int = 0,
-                        skip_held=(), max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
+                        skip_held=(), max_shard_bytes: int = MAX_SHARD_BYTES, feature_taps=None) -> dict:
     """Write data-*.safetensors shards of human answers with the target's greedy labels, and meta.json, under
-    `out`; returns the meta record. `count` counts answers; `batch_size` rows share a prefill."""
+    `out`; returns the meta record. `count` counts answers; `batch_size` rows share a prefill. `feature_taps`
+    (layer ids): the same prefill also writes each shard's feature store file (feature_store.py), so that
+    training needs no `blockdraft features` pass over this folder."""
     for name, value in (("count", count), ("batch_size", batch_size), ("shard_size", shard_size),
                         ("max_prompt_tokens", max_prompt_tokens), ("max_answer_tokens", max_answer_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -114,8 +123,11 @@ def build_human_dataset(target, out: str | Path, *, sets=HUMAN_SETS, count: int,
             "after each position as labels (docs/data.md §6)", "chat_template": "target tokenizer's, "
             "add_generation_prompt=True"}
     write_meta(out, meta, len(done), tokens, {}, set(), complete=False)
+    features: dict[str, torch.Tensor] = {}  # digest -> [S, L*D] of examples not yet written
     writer = ShardWriter(out, shard, len(done), ShardSizer(shard_size, max_shard_bytes, fingerprint,
-                                                           int(target.lm_head.weight.shape[0])))
+                                                           int(target.lm_head.weight.shape[0])),
+                         on_write=None if not feature_taps else
+                         lambda path, written: _write_features(target, out, path, written, features, feature_taps))
     held = held_prompts(skip_held) if skip_held else frozenset()
     stop_id = target.tokenizer.eos_token_id
     chosen, skipped = human_pairs(training_prompts(tuple(sets)), target.tokenizer, count=count,
@@ -127,11 +139,22 @@ def build_human_dataset(target, out: str | Path, *, sets=HUMAN_SETS, count: int,
         task = progress.add_task("labelling human answers", total=len(chosen), note=f"{tokens} tok")
         for start in range(0, len(chosen), batch_size):
             batch = chosen[start: start + batch_size]
-            greedy = prefill_greedy(target, [(p, a) for _, p, a in batch])
+            greedy, tapped = prefill_greedy(target, [(p, a) for _, p, a in batch], feature_taps or ())
             examples = [make_example(example_id, p, a, g) for (example_id, p, a), g in zip(batch, greedy)]
+            if tapped is not None:
+                features.update((token_digest(e.input_ids), f) for e, f in zip(examples, tapped))
             tokens += sum(len(a) for _, _, a in batch)
             if writer.add(examples):
                 write_meta(out, meta, writer.written, tokens, skipped, set(), complete=False)
             progress.update(task, advance=len(batch), note=f"{tokens} tok")
     writer.close()
     return write_meta(out, meta, writer.written, tokens, skipped, set(), complete=True)
+
+
+def _write_features(target, out: Path, shard: Path, examples: list, features: dict, taps) -> None:
+    """The store file of a just-written token shard, from the features its examples' prefills tapped."""
+    folder = store_dir(out, target, taps)
+    folder.mkdir(parents=True, exist_ok=True)
+    digests = dict.fromkeys(token_digest(e.input_ids) for e in examples)
+    tensors = {digest: features.pop(digest) for digest in digests if digest in features}  # a repeat: stored before
+    write_store_file(folder, shard, tensors, target, taps)

@@ -114,10 +114,11 @@ def _answer(target, batch: list[tuple[str, list[int]]], answers: Answers, seed: 
 
 class ShardWriter:
     """Cuts the examples handed to it into binary shards `out/data-NNNNN.safetensors`, numbered on from
-    `number`, where `sizer` says (ShardSizer); `written` counts the examples in the folder's shards."""
+    `number`, where `sizer` says (ShardSizer); `written` counts the examples in the folder's shards.
+    `on_write(path, examples)`, when given, is called after each shard is written."""
 
-    def __init__(self, out: Path, number: int, written: int, sizer: ShardSizer) -> None:
-        self.out, self.number, self.written, self.sizer = out, number, written, sizer
+    def __init__(self, out: Path, number: int, written: int, sizer: ShardSizer, on_write=None) -> None:
+        self.out, self.number, self.written, self.sizer, self.on_write = out, number, written, sizer, on_write
         self.pending: list = []
 
     def add(self, examples: list) -> bool:
@@ -133,8 +134,11 @@ class ShardWriter:
             self._write(take)
 
     def _write(self, take: int) -> None:
-        write_shard(self.out / f"data-{self.number:05d}.safetensors", self.pending[:take],
-                    tokenizer_sha256=self.sizer.tokenizer_sha256, vocab_size=self.sizer.vocab_size)
+        path = self.out / f"data-{self.number:05d}.safetensors"
+        write_shard(path, self.pending[:take], tokenizer_sha256=self.sizer.tokenizer_sha256,
+                    vocab_size=self.sizer.vocab_size)
+        if self.on_write is not None:
+            self.on_write(path, self.pending[:take])
         self.pending, self.number, self.written = self.pending[take:], self.number + 1, self.written + take
 
 
