@@ -24,7 +24,7 @@ from ..io.prompts import encode_prompt
 from ..prompts import training_prompts
 from .data import held_prompts, make_example, prompt_key
 from .feature_store import store_dir, token_digest, write_store_file
-from .regenerate import ShardWriter, resume_point, write_meta
+from .regenerate import ShardWriter, check_counts, resume_point, write_meta
 from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
 HUMAN_SETS = ("sharegpt-turns",)  # the training sets whose prompts carry a human answer before the last turn
@@ -102,11 +102,8 @@ def build_human_dataset(target, out: str | Path, *, sets=HUMAN_SETS, count: int,
     `out`; returns the meta record. `count` counts answers; `batch_size` rows share a prefill. `feature_taps`
     (layer ids): the same prefill also writes each shard's feature store file (feature_store.py), so that
     training needs no `blockdraft features` pass over this folder."""
-    for name, value in (("count", count), ("batch_size", batch_size), ("shard_size", shard_size),
-                        ("max_prompt_tokens", max_prompt_tokens), ("max_answer_tokens", max_answer_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"`{name}` must be a whole number >= 1, got {value!r}; "
-                             f"pass --{name.replace('_', '-')} 1 or more")
+    check_counts(count=count, batch_size=batch_size, shard_size=shard_size, max_prompt_tokens=max_prompt_tokens,
+                 max_new_tokens=max_answer_tokens)  # the answer bound is `blockdraft data --max-new-tokens`
     sets = list(sets)
     if not sets or any(name not in HUMAN_SETS for name in sets):
         raise InputError(f"--human-answers reads the human answers of {list(HUMAN_SETS)}; got --sets {sets}: pass "

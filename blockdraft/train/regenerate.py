@@ -40,11 +40,8 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
     beside another adds only prompts the other lacks. `answers`: the greedy answer (the default) or several
     sampled ones per prompt (answers.py); `count` counts prompts either way.
     """
-    for name, value in (("count", count), ("batch_size", batch_size), ("shard_size", shard_size),
-                        ("max_prompt_tokens", max_prompt_tokens), ("max_new_tokens", max_new_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"`{name}` must be a whole number >= 1, got {value!r}; "
-                             f"pass --{name.replace('_', '-')} 1 or more")
+    check_counts(count=count, batch_size=batch_size, shard_size=shard_size, max_prompt_tokens=max_prompt_tokens,
+                 max_new_tokens=max_new_tokens)
     sets = list(sets)
     file_sets = [name for name in sets if name != MAGPIE]
     if MAGPIE in sets and file_sets and not 0 < magpie_fraction < 1:
@@ -97,6 +94,14 @@ def build_dataset(target, out: str | Path, *, sets, count: int, max_prompt_token
             progress.update(task, advance=len(batch), note=f"{tokens} tok")
     writer.close()
     return write_meta(out, meta, writer.written, tokens, skipped, empty_ids, complete=True)
+
+
+def check_counts(**values) -> None:
+    """Refuse any of `values` (named as the `blockdraft data` flags) that is not a whole number >= 1."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"`{name}` must be a whole number >= 1, got {value!r}; "
+                             f"pass --{name.replace('_', '-')} 1 or more")
 
 
 def _answer(target, batch: list[tuple[str, list[int]]], answers: Answers, seed: int, max_new_tokens: int) -> list:
