@@ -37,7 +37,8 @@ def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
         positions = torch.arange(width, device=ids.device).expand_as(ids)  # padding writes stale slots only
         lengths = state.prompt_lengths[rows]  # [b]
         cache = state.target_cache if len(rows) == len(widths) else target.new_cache(len(rows), width)
-        out = target.forward(ids, positions, cache, proposer.tap_layer_ids, logit_rows=(lengths - 1)[:, None])
+        out = target.forward(ids, positions, cache, proposer.tap_layer_ids, logit_rows=(lengths - 1)[:, None],
+                             prompt=True)
         first[rows] = selector.first_token(out.logits[:, 0], state.row_ids[rows], lengths)
         if cache is not state.target_cache:
             state.target_cache.put_rows(rows, cache, width)

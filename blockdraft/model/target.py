@@ -20,6 +20,7 @@ from . import q4, q8, scripted
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import head_linear
+from .prompt_path import prompt_products
 from .weights import build_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
@@ -79,6 +80,11 @@ class Target:
         # target), else the Python loop, the reference.
         self._fixed = scripted.fixed_operands(self)
         self.run_layers = self._scripted_layers if self._fixed is not None else self._layers
+        # An int4 target's prompts run over packed bf16 copies of its products where bf16 is native
+        # (prompt_path.py): the plans `forward(..., prompt=True)` takes, or None.
+        prompt = prompt_products(weights.linears, self.device) if self.quantized else None
+        self._prompt_plans = None if prompt is None else [self._layer_plan(layer, linear)
+                                                          for layer, linear in zip(self.layers, prompt)]
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [N] of the LM head's weight [N, D], in its dtype (the file's rows when they serve it)."""
@@ -145,16 +151,18 @@ class Target:
                 mlp)
 
     def _layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids,
-                depth: int | None = None, rows: Ragged | None = None) -> tuple[torch.Tensor, dict]:
-        """The decoder layers over x [M, D] in Python, from the per-layer plans: x after the last layer run (all,
-        or the first `depth`), and {id: x after layer id} for the tapped ids (the reference loop;
-        `_scripted_layers` runs the same ops). With `rows` (a ragged forward), x holds only the rows it names
-        [M', D]: every product runs over those, and attention over the rectangle they are spread into."""
+                depth: int | None = None, rows: Ragged | None = None, plans: list | None = None
+                ) -> tuple[torch.Tensor, dict]:
+        """The decoder layers over x [M, D] in Python, from the per-layer plans (`plans`, else the target's own):
+        x after the last layer run (all, or the first `depth`), and {id: x after layer id} for the tapped ids (the
+        reference loop; `_scripted_layers` runs the same ops). With `rows` (a ragged forward), x holds only the rows
+        it names [M', D]: every product runs over those, and attention over the rectangle they are spread into."""
         tapped = {}
         wanted = set(tap_layer_ids)
         spread = rows.spread if rows is not None else None
         kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
-        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(self._plans[self._unchecked(x)][:depth]):
+        plans = self._plans[self._unchecked(x)] if plans is None else plans
+        for index, (norm_in, qkv, o, norm_post, mlp) in enumerate(plans[:depth]):
             q, k, v = qkv(norm_in(x), B, T, c, s, spread)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
             cache.write(index, k, v, slots, start)
             keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
@@ -194,6 +202,7 @@ class Target:
         block_mask: torch.Tensor | None = None,  # [B, T, T] bool: which new tokens each new token sees
         stop_after_taps: bool = False,  # features only: no layer past the deepest tap runs, no logits
         widths: torch.Tensor | None = None,  # [B]: row b's first widths[b] tokens are real, the rest padding
+        prompt: bool = False,  # a decode's prefill: an int4 target runs it over its bf16 copies (prompt_path.py)
     ) -> TargetOutput:
         """Causal forward of new tokens against the cache; writes their K/V, leaves lengths alone.
 
@@ -227,7 +236,11 @@ class Target:
         if rows is not None:
             x = rows.gather(x)  # [M', D]
         depth = max(tap_layer_ids) + 1 if stop_after_taps else None
-        x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
+        if prompt and self._prompt_plans is not None and self._unchecked(x):
+            x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
+                                     plans=self._prompt_plans)
+        else:
+            x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
             tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
         spread = (lambda h: h) if rows is None else rows.spread  # [M', D] -> [M, D]
