@@ -9,6 +9,7 @@ slower, never wrongly and never into a kernel's traceback:
 | bf16 as the automatic dtype (io/targets.py) | native bf16 products: AVX512-BF16 or AMX | float32 |
 | int4 products of `--weights q4` (q4.py) | torch's CPU int4 kernel | `--weights q4` refused before loading |
 | the TorchScript layer loop (scripted.py) | with the int4 products | the Python layer loop (target.py) |
+| an int4 target's prompts over packed bf16 copies (prompt_path.py) | packed bf16 runs | the int4 products |
 | `--weights auto` picks q4 (embedded target) | the int4 kernel | the float path of `--dtype auto` |
 
 Each kernel is asked once, on a tiny product, whether it runs here: a CPU that lacks a feature (an AVX2 server,

@@ -8,8 +8,8 @@ on an Intel Xeon with AMX (2 threads) a HumanEval prompt of about 150 tokens too
 So where oneDNN's packed bf16 product runs (kernels.py: native bf16), an int4 target also keeps each layer's
 products as packed bf16 weights, and `Target.forward(..., prompt=True)` (every prefill of a decode) runs over
 them; decode and verify steps stay int4. The bf16 weights are the int4 kernel's own: the identity multiplied
-through it gives the weights it multiplies by, rounded to bf16. The copy costs their bf16 bytes (212 MB for
-SmolLM2's layers, beside 120 MiB of int4 ones).
+through it gives the weights it multiplies by, rounded to bf16. The copy costs their bf16 bytes (202 MiB for
+SmolLM2's layers, beside 117 MiB of int4 layers and head).
 
 A rule of the CPU's features, chosen at load: every prompt of a target is prefilled the same way, in a batch or
 alone (rows of one padded width, decode/step.py), so the same request gives the same text. A prompt's cache then
