@@ -35,8 +35,9 @@ def human_pairs(prompts, tokenizer, *, count: int, max_prompt_tokens: int, max_a
                 stop_id: int | None, held: set[bytes] = frozenset()) -> tuple[list, dict]:
     """(up to `count` [(id, prompt ids, answer ids)] in a seeded order, skipped counts).
 
-    The answer is tokenised as the chat template writes an assistant turn's content, cut to `max_answer_tokens`;
-    an answer that ends within the bound gets the template's closing `stop_id`, as a regenerated one does.
+    The answer's text is tokenised on its own (it follows the template's assistant header), cut to
+    `max_answer_tokens`; an answer that ends within the bound gets the template's closing `stop_id`, as a
+    regenerated one does.
     """
     skipped = {"duplicate": 0, "no_human_answer": 0, "prompt_too_long": 0, "answer_too_short": 0,
                "held_elsewhere": 0}
