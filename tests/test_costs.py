@@ -78,7 +78,7 @@ def test_fresh_costs_replace_the_cached_ones_once_per_process(tmp_path, monkeypa
     target.name = "tiny-test-target"
     drafter = Drafter(tiny_draft(target, block_size=4), target)
     stale = linear_costs(plain=9.0, draft=9.0, per_position=9.0, buckets=(1,))  # measured on a busy machine
-    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), stale)
+    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True, None), stale)
     assert measured_costs(target, drafter, True, rows=1) == stale, "the cached model is read"
     monkeypatch.setattr(generate, "_COSTS", {})
     fresh = measured_costs(target, drafter, True, rows=1, fresh=True)
@@ -143,7 +143,7 @@ def cached_for_a_tiny_target(tmp_path, monkeypatch, cached):
     target = tiny_target("llama")
     target.name = "tiny-test-target"
     drafter = Drafter(tiny_draft(target, block_size=4), target)
-    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True), cached)
+    write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True, None), cached)
     return target, drafter
 
 
@@ -168,3 +168,28 @@ def test_a_cache_that_prices_only_a_batch_wrong_is_named(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="a plain step of 2 rows at 9000.0 ms"):
         assert measured_costs(target, drafter, True, rows=1).buckets() == {1, 2}, "the whole cache is read"
     assert measured_costs(target, drafter, True, rows=2) == cached, "warned, and still the cache decides"
+
+
+def test_a_draft_scoring_other_ids_does_not_read_anothers_costs(tmp_path, monkeypatch):
+    """The draft's head is a large part of its step, so its proposal vocabulary's size keys the cache: a draft
+    served with a smaller vocabulary (or with every id, `--full-vocab`) is timed for itself."""
+    import torch
+
+    import blockdraft.decode.measure as generate
+    from blockdraft.decode.costs import cost_key
+    from blockdraft.io.drafts import LoadedDraft
+
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(generate, "_COSTS", {})
+    target = tiny_target("llama")
+    target.name = "tiny-test-target"
+    draft = tiny_draft(target, block_size=4)
+    full = Drafter(draft, target)
+    limited = Drafter(LoadedDraft(draft, vocab=torch.arange(1, 40)), target)
+    keys = {cost_key(target, full.config, 4, True, n) for n in (None, 39, 20)}
+    assert len(keys) == 3
+    slow = linear_costs(plain=9.0, draft=9.0, per_position=9.0, buckets=(1,))
+    write_cached(tmp_path / "costs", cost_key(target, full.config, 4, True, None), slow)
+    with pytest.warns(UserWarning, match="cached step costs"):  # 9 s a step: far slower than now, as meant
+        assert measured_costs(target, full, True, rows=1) == slow, "the full-vocabulary draft reads its own costs"
+    assert measured_costs(target, limited, True, rows=1) != slow, "the limited one is measured for itself"

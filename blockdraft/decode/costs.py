@@ -213,9 +213,10 @@ class Stopwatch:
         pass
 
 
-def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
+def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: int | None) -> str | None:
     """The disk-cache key of a cost model: what makes a step cost what it does. None for a target without a name
-    (a model built in memory), whose costs are kept for the process only."""
+    (a model built in memory), whose costs are kept for the process only. `proposal_ids`: how many ids the draft's
+    head scores (its proposal vocabulary's size), None for every id: the head is a large part of a draft step."""
     if not getattr(target, "name", ""):
         return None
     device = target.device
@@ -228,7 +229,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool) -> str | None:
                      # the step's form: model/lean.py, scripted.py, packed.single_row_differs, step.py's plain steps
                      forward="lean layers, paired single rows, lean plain steps, ragged steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
-                                taps=list(draft_config.target_layer_ids)),
+                                taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND, statistic="min",
                      prompt=PROMPT_LENGTH, ragged=dict(prompt=RAGGED_PROMPT_LENGTH, extra=list(RAGGED_EXTRA)))
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]

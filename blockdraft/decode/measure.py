@@ -26,8 +26,9 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     config = getattr(drafter, "config", None)
     if config is None:  # a drafter double (tests) has no model to time: a plain step, the draft at a third of one
         return linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
-    key = cost_key(target, config, drafter.block_size, tree)
-    memory_key = key or (id(target), id(drafter.draft), drafter.block_size, tree)
+    proposal_ids = None if drafter.vocab is None else int(drafter.vocab.numel())
+    key = cost_key(target, config, drafter.block_size, tree, proposal_ids)
+    memory_key = key or (id(target), id(drafter.draft), drafter.block_size, tree, proposal_ids)
     if fresh and memory_key not in _REMEASURED:
         _REMEASURED.add(memory_key)
         _COSTS[memory_key] = CostModel()
