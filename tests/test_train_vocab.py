@@ -9,7 +9,10 @@ import torch
 
 from blockdraft.decode.vocab import scatter_logits
 from blockdraft.io.vocab import read_vocab, write_vocab
-from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, weighted_loss
+from blockdraft.errors import ConfigError
+from blockdraft.train.data import Example, emitted_counts, emitted_tokens, frequent_tokens, read_examples
+from blockdraft.train.evaluate import BlockMetrics
+from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, scored_blocks, weighted_loss
 from blockdraft.train.trainer import train
 
 from conftest import VOCAB, config, tiny_target, write_data
@@ -40,8 +43,7 @@ def test_the_whole_vocabulary_changes_nothing():
 
 def test_a_subset_gives_the_decoders_restricted_distribution():
     tokens, blocks, hidden, head, teacher = _case()
-    vocab = batch_vocab(torch.arange(0, VOCAB, 3), tokens)  # every third id, joined with the batch's own ids
-    assert torch.equal(vocab, torch.unique(vocab)) and set(tokens.flatten().tolist()) <= set(vocab.tolist())
+    vocab = torch.unique(torch.cat([torch.arange(0, VOCAB, 3), tokens.flatten()]))  # every third id and the batch's
     total, hits = weighted_loss(hidden, head, blocks, teacher=teacher, kd_weight=0.5, vocab=vocab)
     # What the decoder drafts from: full logits with -inf outside the vocabulary (scatter_logits).
     w = blocks.weights.reshape(-1)
@@ -63,7 +65,59 @@ def test_a_label_outside_the_vocabulary_is_refused():
     _, blocks, hidden, head, _ = _case()
     with pytest.raises(ValueError, match="outside"):
         weighted_loss(hidden, head, blocks, vocab=torch.arange(VOCAB // 2, VOCAB))
-    assert batch_vocab(None, torch.zeros(1, 3, dtype=torch.long)) is None
+    assert batch_vocab(None, torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)) is None
+
+
+def test_a_batch_scores_its_prompt_ids_not_its_answers():
+    """As the decoder joins a request's prompt ids to the proposal vocabulary, and no answer id it has not seen."""
+    tokens = torch.tensor([[5, 6, 40, 41, 0], [7, 42, 43, 44, 45]])
+    mask = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 1, 1, 1]])
+    assert batch_vocab(torch.tensor([1, 41, 44]), tokens, mask).tolist() == [0, 1, 5, 6, 7, 41, 44]
+
+
+def test_labels_outside_the_vocabulary_are_left_out():
+    _, blocks, hidden, head, _ = _case()
+    vocab = torch.arange(0, VOCAB, 2)  # the even ids
+    kept = scored_blocks(blocks, vocab)
+    even = blocks.labels % 2 == 0
+    assert torch.equal(kept.weights, torch.where(even, blocks.weights, torch.zeros(())))
+    assert (blocks.weights[~even] > 0).any(), "the case must hold odd labels to leave out"
+    assert scored_blocks(blocks, None) is blocks
+    total, hits = weighted_loss(hidden, head, kept, vocab=vocab)  # no label outside: no refusal
+    assert not hits[~even].any()
+
+
+def test_accuracy_counts_a_label_the_head_could_not_score_as_a_miss():
+    metrics = BlockMetrics.zeros(3, "cpu")
+    weights = torch.tensor([[[0.0, 1.0, 0.0]]])  # slot 2 left out of the loss ...
+    supervised = torch.tensor([[[True, True, True]]])  # ... but the data supervises it
+    metrics.add(torch.tensor(2.0), torch.tensor([[[False, True, False]]]), weights, supervised)
+    summary = metrics.summary()
+    assert summary["acc"] == [1.0, 0.0] and summary["loss"] == 2.0 and summary["tf_tau"] == 2.0
+    metrics = BlockMetrics.zeros(3, "cpu")
+    metrics.add(torch.tensor(2.0), torch.tensor([[[False, True, False]]]), weights)
+    assert metrics.summary()["acc"] == [1.0, None], "without `supervised`: the scored slots alone"
+
+
+def test_the_most_frequent_ids_break_ties_to_the_smaller_id():
+    examples = [Example("a", [1, 9, 9, 8, 7, 7], [0, 1, 1, 1, 1, 1]), Example("b", [9, 8, 3], [1, 1, 0])]
+    assert emitted_counts(examples) == {9: 3, 8: 2, 7: 2}
+    assert frequent_tokens(examples, 2) == [7, 9] and frequent_tokens(examples, 1) == [9]
+    assert frequent_tokens(examples, 10) == [7, 8, 9]
+
+
+def test_training_with_a_head_over_the_most_frequent_ids(tmp_path):
+    """`head_ids` = N: the draft written proposes the N most frequent response ids, and the run trains although most
+    labels lie outside them (left out, never refused)."""
+    write_data(tmp_path / "data", count=8)
+    examples = read_examples(tmp_path / "data")
+    out = train(tiny_target("llama"), config(tmp_path, "top", head_ids=2, max_steps=2, log_every=1))
+    assert read_vocab(out, VOCAB).tolist() == frequent_tokens(examples, 2)
+    assert len(set(emitted_tokens(examples))) > 2
+    records = [json.loads(line) for line in open(tmp_path / "top" / "metrics.jsonl")]
+    assert any(r.get("split") == "train" and r.get("loss") is not None for r in records)
+    with pytest.raises(ConfigError, match="head_ids"):
+        config(tmp_path, "bad", head_ids=1)
 
 
 def test_training_over_the_proposal_vocabulary(tmp_path):

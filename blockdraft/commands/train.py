@@ -64,8 +64,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dpace-alpha", type=float, default=0.5, help="D-PACE's acceptance floor α")
     parser.add_argument("--proposal-vocab", action="store_true",
                         help="score only the ids the decoder drafts from (those emitted in the training responses, "
-                             "plus each sequence's own ids): the LM head, the costliest part of a step on a small "
+                             "plus each sequence's prompt ids): the LM head, the costliest part of a step on a small "
                              "target, shrinks by V/N")
+    parser.add_argument("--head-ids", type=int, default=None, metavar="N",
+                        help="score only the N ids most frequent in the training responses (and each sequence's "
+                             "prompt ids), leaving out the labels outside them: the head's cost falls to N ids "
+                             "and the draft proposes only these (implies --proposal-vocab; docs/training.md §7)")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="auto",
@@ -94,6 +98,7 @@ def run(args) -> int:
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features, feature_store=args.feature_store,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,
+        head_ids=args.head_ids,
         time_budget=args.time_budget, save_draft_every_seconds=args.save_draft_every_seconds,
         draft_dir=args.draft_out,
     )

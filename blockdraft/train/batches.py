@@ -25,7 +25,7 @@ import torch
 from ..errors import InputError
 from .answers import example_key
 from .data import Example, example_prompt_key, read_examples, shard_files
-from .objective import Blocks, block_targets, sample_anchors
+from .objective import Blocks, batch_vocab, block_targets, sample_anchors, scored_blocks
 
 
 def seeded_generator(*parts: int) -> torch.Generator:
@@ -151,7 +151,9 @@ class MicroBatch:
     loss_mask: torch.Tensor  # [B, S] 1 on supervised tokens, 0 on prompt and padding
     anchors: torch.Tensor  # [B, A]
     keep: torch.Tensor  # [B, A] bool
-    blocks: Blocks  # labels and weights [B, A, K]
+    blocks: Blocks  # labels and weights [B, A, K]; weight 0 where the label is outside `vocab`
+    supervised: torch.Tensor  # [B, A, K] bool: the slots the data supervises, scored or not (accuracy counts these)
+    vocab: torch.Tensor | None  # [N'] the ids the head scores (the proposal vocabulary and the prompts'), or None
     indices: list[int]  # the dataset index of each row (a dummy's row is its stand-in example)
     lengths: list[int]  # real tokens per row, after truncation to max_seq_len
 
@@ -163,8 +165,11 @@ class MicroBatch:
 
 def make_micro_batch(examples: list[Example], indices: list[int] | None, *, step: int, seed: int,
                      num_anchors: int, block_size: int, gamma: float, max_seq_len: int,
-                     device: torch.device, dummy_index: int) -> MicroBatch:
+                     device: torch.device, dummy_index: int, vocab: torch.Tensor | None = None) -> MicroBatch:
     """Pad the sequences `indices` (truncated to max_seq_len) and draw their anchors for `step`.
+
+    `vocab` [N] (a proposal vocabulary): the head scores those ids and the rows' prompt ids only, and a slot whose
+    label is outside them gets weight 0 (it still counts as a miss in the accuracy).
 
     `indices=None` builds a dummy: example `dummy_index` with its loss mask zeroed, so it has no anchors and
     every weight is 0, yet the forward and backward run exactly as for real data.
@@ -188,7 +193,9 @@ def make_micro_batch(examples: list[Example], indices: list[int] | None, *, step
     anchors, keep = torch.cat(anchors).to(device), torch.cat(keep).to(device)  # [B, A]
     greedy = _greedy_labels([examples[i] for i in rows], tokens, max_seq_len)
     blocks = block_targets(tokens, loss_mask, anchors, keep, block_size, gamma, greedy)
-    return MicroBatch(tokens, loss_mask, anchors, keep, blocks, list(rows), [len(s) for s in seqs])
+    scored = batch_vocab(vocab, tokens, loss_mask)
+    return MicroBatch(tokens, loss_mask, anchors, keep, scored_blocks(blocks, scored), blocks.weights > 0, scored,
+                      list(rows), [len(s) for s in seqs])
 
 
 def _greedy_labels(rows: list[Example], tokens: torch.Tensor, max_seq_len: int) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ import json
 import os
 import random
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,13 +176,27 @@ def _parse_line(file: Path, number: int, line: str) -> Example:
     return Example(str(record["id"]), ids, mask, greedy)
 
 
-def emitted_tokens(examples) -> list[int]:
-    """Sorted distinct ids on the supervised (response) positions of training examples, and of a prefill-labelled
-    example the target's greedy labels there (the ids the target emits after the position before)."""
-    ids = set()
+def emitted_counts(examples) -> Counter:
+    """How often each id stands on a supervised (response) position of training examples, and of a
+    prefill-labelled example among the target's greedy labels there (the ids the target emits after the position
+    before): id -> count."""
+    counts = Counter()
     for example in examples:
         mask, greedy = example.loss_mask, getattr(example, "greedy", None)
-        ids.update(t for t, m in zip(example.input_ids, mask) if m)
+        counts.update(t for t, m in zip(example.input_ids, mask) if m)
         if greedy is not None:
-            ids.update(g for g, m in zip(greedy, mask[1:]) if m)
-    return sorted(ids)
+            counts.update(g for g, m in zip(greedy, mask[1:]) if m)
+    return counts
+
+
+def emitted_tokens(examples) -> list[int]:
+    """Sorted distinct ids of `emitted_counts`: every id the target emits in the examples."""
+    return sorted(emitted_counts(examples))
+
+
+def frequent_tokens(examples, count: int) -> list[int]:
+    """Sorted ids of the `count` most frequent emitted ids (ties to the smaller id, so the same data always gives
+    the same set); all of them when the data emits fewer."""
+    counts = emitted_counts(examples)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    return sorted(ranked[:count])

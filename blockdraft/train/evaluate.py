@@ -20,7 +20,8 @@ from ..decode.options import PRESETS
 from ..metrics import AcceptanceStats
 from .data import Example
 from .forward import BlockForward, autocast, split_teacher, target_features
-from .objective import anchor_candidates, batch_vocab, block_targets, block_tau, weighted_loss
+from .objective import (anchor_candidates, batch_vocab, block_targets, block_tau, scored_blocks,
+                        weighted_loss)
 
 
 @dataclass
@@ -38,13 +39,17 @@ class BlockMetrics:
     def zeros(cls, block_size: int, device) -> BlockMetrics:
         return cls(block_size, torch.zeros(4 + 2 * block_size, dtype=torch.float64, device=device))
 
-    def add(self, total: torch.Tensor, hits: torch.Tensor, weights: torch.Tensor) -> None:
-        """Count one batch: total = Σ w·CE (scalar), hits and weights [B, A, K]."""
-        full = weights[..., -1] > 0  # [B, A]: the whole block is supervised
+    def add(self, total: torch.Tensor, hits: torch.Tensor, weights: torch.Tensor,
+            supervised: torch.Tensor | None = None) -> None:
+        """Count one batch: total = Σ w·CE (scalar), hits and weights [B, A, K]. `supervised` [B, A, K] bool
+        (default weights > 0): the slots accuracy and tau count, a superset of the scored ones when a head over
+        fewer ids left some labels out (those count as misses: the draft could not propose them)."""
+        supervised = weights > 0 if supervised is None else supervised
+        full = supervised[..., -1]  # [B, A]: the whole block is supervised
         taus = block_tau(hits[..., 1:])[full]
         head = torch.stack([total.detach().double(), weights.double().sum(), taus.double().sum(),
                             full.double().sum()])
-        slots = torch.cat([hits.double().sum((0, 1)), (weights > 0).double().sum((0, 1))])  # [2K]
+        slots = torch.cat([hits.double().sum((0, 1)), supervised.double().sum((0, 1))])  # [2K]
         self.sums += torch.cat([head, slots]).to(self.sums.device)
 
     def summary(self) -> dict:
@@ -66,7 +71,8 @@ def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples:
 
     One target forward per example (or none: a FeatureCache `cache` keyed by the examples' dataset
     `indices`); its anchors run in passes of `anchors_per_pass` blocks. `vocab`: score over the proposal
-    vocabulary joined with the example's ids, as training with `proposal_vocab` does.
+    vocabulary joined with the example's prompt ids, as training with `proposal_vocab` does; a label outside them
+    counts as a miss.
     """
     target, K = forward.target, forward.draft.config.block_size
     metrics = BlockMetrics.zeros(K, target.device)
@@ -86,10 +92,12 @@ def evaluate_teacher_forced(forward: BlockForward, head: torch.Tensor, examples:
             anchors = candidates[start : start + anchors_per_pass][None]  # [1, A]
             keep = torch.ones_like(anchors, dtype=torch.bool)
             blocks = block_targets(tokens, loss_mask, anchors, keep, K, gamma)
+            scored = batch_vocab(vocab, tokens, loss_mask)
+            kept = scored_blocks(blocks, scored)
             with autocast(target.device, autocast_dtype):  # the head too: it is in the autocast dtype
                 hidden = forward(tokens, anchors, keep, features)
-                total, hits = weighted_loss(hidden, head, blocks, vocab=batch_vocab(vocab, tokens))
-            metrics.add(total, hits, blocks.weights)
+                total, hits = weighted_loss(hidden, head, kept, vocab=scored)
+            metrics.add(total, hits, kept.weights, blocks.weights > 0)
     return metrics
 
 

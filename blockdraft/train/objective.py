@@ -253,10 +253,20 @@ def weighted_loss(hidden, head_weight, blocks: Blocks, chunk_rows: int | None = 
     return total, hits.view_as(blocks.weights)
 
 
-def batch_vocab(vocab: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor | None:
-    """The proposal vocabulary [N] joined with every id of tokens [B, S] (their prompts' ids, as the decoder adds
-    a request's prompt ids; padding ids are harmless extras): the ids a training step scores. None stays None."""
-    return None if vocab is None else with_prompt_tokens(vocab, tokens)
+def batch_vocab(vocab: torch.Tensor | None, tokens: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor | None:
+    """The proposal vocabulary [N] joined with the prompt ids of tokens [B, S] (positions where loss_mask [B, S] is
+    0, as the decoder adds a request's prompt ids; padding ids are harmless extras): the ids a training step
+    scores. None stays None."""
+    return None if vocab is None else with_prompt_tokens(vocab, tokens[loss_mask == 0])
+
+
+def scored_blocks(blocks: Blocks, vocab: torch.Tensor | None) -> Blocks:
+    """`blocks` with weight 0 on every slot whose label is outside `vocab` [N] (sorted ids): a head over those ids
+    cannot score it, and the decoder could never propose it. None keeps every slot."""
+    if vocab is None:
+        return blocks
+    inside = torch.isin(blocks.labels, vocab)  # [B, A, K]
+    return Blocks(blocks.anchors, blocks.keep, blocks.labels, blocks.weights * inside)
 
 
 def block_tau(hits: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,9 @@ class TrainConfig:
     kd_weight: float = 0.0  # λ of (1-λ)·CE + λ·KD (docs/training.md §3): 0 is plain CE, 1 pure KD
     weighting: str = "decay"  # slot weights: "decay" exp(-(k-1)/gamma), or "dpace" (docs/training.md §3)
     dpace_alpha: float = 0.5  # D-PACE's acceptance floor α
-    proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py), plus each batch's
+    proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py) and prompt ids
+    head_ids: int | None = None  # score only the N most frequent response ids (and prompt ids), the labels outside
+    # them left out; the draft then proposes these N (implies a proposal vocabulary)
     time_budget: float | None = None  # seconds from the first step: stop after the step that crosses it (see _lr)
     save_draft_every_seconds: float | None = None  # also write the draft folder this often, not only at the end
     draft_dir: Path | None = None  # where the draft folder goes; None: out_dir/draft
@@ -75,7 +77,7 @@ class TrainConfig:
                     for name, low in (("num_draft_layers", 1), ("block_size", 2), ("anchors", 1), ("max_seq_len", 2),
                                       ("epochs", 1), ("batch_size", 1), ("save_every", 1), ("eval_every", 1),
                                       ("log_every", 1), ("micro_batch_size", 1), ("max_steps", 1),
-                                      ("scale_sequences", 1))
+                                      ("scale_sequences", 1), ("head_ids", 2))
                     if getattr(self, name) is not None and not _int_at_least(getattr(self, name), low)]
         checks = [("lr", self.lr > 0, "> 0"), ("min_lr", 0 <= self.min_lr <= self.lr, "in [0, lr]"),
                   ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),

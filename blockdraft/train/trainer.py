@@ -38,14 +38,14 @@ from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .batches import data_fingerprint, load_split, make_micro_batch, rank_micro_batches, seeded_generator
 from .checkpointing import dtype_name, restore, save_draft, save_training_state
-from .data import Example, emitted_tokens
+from .data import Example, emitted_tokens, frequent_tokens
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .feature_store import FeatureStore, store_dir, token_digest
 from .features import FeatureCache
 from .target_init import copy_target_layers
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
-from .objective import batch_vocab, weighted_loss
+from .objective import weighted_loss
 from .preflight import check_data, check_init, data_notes
 from .ranks import Ranks
 from .report import MetricsLog, plot_curves, progress_bar, progress_info
@@ -117,7 +117,7 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     if cfg.cache_features or cfg.feature_store:
         run.cache = _feature_cache(run, ranks.rank == 0)
     run.vocab_ids, run.vocab_source = _proposal_ids(cfg, examples, target.lm_head.weight.shape[0])
-    if cfg.proposal_vocab:
+    if cfg.proposal_vocab or cfg.head_ids is not None:
         run.vocab = torch.tensor(run.vocab_ids, dtype=torch.long, device=target.device)
     log = None
     if ranks.rank == 0:
@@ -156,9 +156,13 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
 def _proposal_ids(cfg: TrainConfig, examples: list[Example], vocab_size: int) -> tuple[list[int], str]:
     """The draft's proposal vocabulary and where it came from: the ids the target emitted in the training
     responses, joined with the vocabulary of the draft this run continues (`init_from`'s sidecar), so that a
-    draft continued on new data still proposes what it learnt from the old."""
-    ids = set(emitted_tokens(examples))
+    draft continued on new data still proposes what it learnt from the old. With `head_ids` = N: the N most
+    frequent emitted ids alone (the head scores no others)."""
     source = f"response tokens of {len(examples)} training examples in {cfg.data_names}"
+    if cfg.head_ids is not None:
+        ids = frequent_tokens(examples, cfg.head_ids)
+        return ids, f"the {len(ids)} most frequent {source}"
+    ids = set(emitted_tokens(examples))
     inherited = read_vocab(cfg.init_from, vocab_size) if cfg.init_from is not None else None
     if inherited is not None:
         ids.update(inherited.tolist())
@@ -226,7 +230,7 @@ def _step(run: Run) -> None:
     micro_size = cfg.micro_batch_size or math.ceil(cfg.batch_size / ranks.world)
     micro = [make_micro_batch(run.examples, part, step=run.step, seed=cfg.seed, num_anchors=cfg.anchors,
                               block_size=K, gamma=cfg.loss_gamma, max_seq_len=run.max_len, device=run.device,
-                              dummy_index=batch[0])
+                              dummy_index=batch[0], vocab=run.vocab)
              for part in rank_micro_batches(batch, ranks.rank, ranks.world, micro_size)]
     # 2. Normaliser, before any forward: the weights do not depend on the model.
     W = float(ranks.sum(torch.tensor(sum(m.weight for m in micro), dtype=torch.float64, device=run.device)))
@@ -241,9 +245,9 @@ def _step(run: Run) -> None:
                     hidden = run.model(mb.tokens, mb.anchors, mb.keep, features)
                     total, hits = weighted_loss(hidden, run.head, mb.blocks, teacher=teacher,
                                                 kd_weight=cfg.kd_weight, dpace_alpha=cfg.loss_dpace_alpha,
-                                                vocab=batch_vocab(run.vocab, mb.tokens))
+                                                vocab=mb.vocab)
                 (total * (ranks.world / W)).backward()
-            run.metrics.add(total, hits, mb.blocks.weights)
+            run.metrics.add(total, hits, mb.blocks.weights, mb.supervised)
         # 4. Update.
         for group in run.optimizer.param_groups:
             group["lr"] = run.lr
