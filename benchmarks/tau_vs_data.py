@@ -3,8 +3,9 @@
     python benchmarks/tau_vs_data.py [--out benchmarks/smollm2-tau-vs-data.png]
 
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
-last; hollow points are continuations that were measured and not shipped (each from stage 9); the star is stage 10,
-7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's CPU-hours (it added none). x: the CPU-hours of
+last; hollow points are continuations that were measured and not shipped (from stage 9, and one from stage 10 drawn
+after the star); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's
+CPU-hours (it added none). x: the CPU-hours of
 training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
 response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
 HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
@@ -40,6 +41,11 @@ NOT_SHIPPED = [
 # from stage 9, 430 s on one H200, 1,440 steps of 32 sequences over the four folders of 20,096 distinct prompts;
 # measured on the CPU beside stage 9 (1.514 / 1.342 in the same run).
 GPU_STAGES = {"10": (7.2, 4_071_399, 1.622, 1.419)}
+# Continuations of stage 10, not shipped: (their own minutes, tokens added, HumanEval tau, MT-Bench tau, label).
+# 2026-11-29 (Intel Xeon): 75 minutes with --head-ids 8192 over human-a, gpu-b, cpu-s1, cpu-s2 (2.71 M supervised
+# tokens: human answers and sampled ones), measured beside stage 10 in one run (bf16: 1.689 / 1.415 against 1.701 /
+# 1.377); drawn as stage 10's own point plus that difference, the CPU of the two runs being another.
+AFTER_GPU = [(75, 2_710_801, 1.622 + 1.689 - 1.701, 1.419 + 1.415 - 1.377, "8k head, 75 min")]
 
 
 def lineage_hours() -> list[float]:
@@ -76,6 +82,12 @@ def main() -> None:
                     linestyle="--", color=color)
             ax.scatter(gpu_x, [v[column] for v in GPU_STAGES.values()], marker="*", s=140, color=color,
                        label=f"{name}, GPU stage")
+            after_x = [hours[-1] + m / 60 if xs is hours else (GPU_STAGES["10"][1] + t) / 1e6
+                       for m, t, *_ in AFTER_GPU]
+            ax.scatter(after_x, [e[column] for e in AFTER_GPU], marker=marker, facecolors="none", edgecolors=color)
+            for x, point in zip(after_x, AFTER_GPU):
+                ax.annotate(f"from 10: {point[4]}", (x, point[column]), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=7)
         for stage, x, (_, _, humaneval, _) in zip(STAGES, xs, STAGES.values()):
             ax.annotate(stage, (x, humaneval), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
         for stage, (minutes, tokens_, humaneval, _) in GPU_STAGES.items():
