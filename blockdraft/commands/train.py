@@ -69,7 +69,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--head-ids", type=int, default=None, metavar="N",
                         help="score only the N ids most frequent in the training responses (and each sequence's "
                              "prompt ids), leaving out the labels outside them: the head's cost falls to N ids "
-                             "and the draft proposes only these (implies --proposal-vocab; docs/training.md §7)")
+                             "and the draft proposes only these (implies --proposal-vocab; docs/training.md §3)")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--target", default=None, help="HF folder or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--target-dtype", default="auto",
