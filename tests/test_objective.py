@@ -106,6 +106,26 @@ def test_factored_and_dense_masks_give_the_same_gradients():
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6 * scale, msg=name)
 
 
+def test_bf16_autocast_training_path_follows_float32():
+    """CPU training runs the factored attention under bf16 autocast, its softmax in bf16: states and gradients
+    stay within bf16 rounding of float32's, padded blocks (no context at all) included."""
+    target, draft, tokens, features, anchors, keep = _setup("qwen3")
+    weights = torch.linspace(-1, 1, len(ANCHORS + [0] * PADDED) * K * 64).view(1, -1, 64)
+    results = []
+    for dtype in (None, torch.bfloat16):
+        draft.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            hidden = draft_hidden(draft, target.embed_tokens, features, tokens, anchors, keep, K)
+        (hidden.float() * weights).sum().backward()
+        results.append((hidden.float(), {n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None}))
+    (h32, g32), (h16, g16) = results
+    assert torch.isfinite(h16).all()
+    assert (h16 - h32).abs().max() < 0.05 * h32.abs().max(), "bf16 training states drift past bf16 rounding"
+    for name, grad in g32.items():
+        err = (g16[name] - grad).norm() / grad.norm()
+        assert err < 0.05, f"{name}: bf16 gradient off by {err:.3f} of its norm"
+
+
 @pytest.mark.parametrize("dense", [False, True], ids=["factored-mask", "dense-mask"])
 @torch.no_grad()
 def test_leaky_mask_differs(dense):
