@@ -30,7 +30,7 @@ class Run:
     val_indices: list[int]
     draft_cfg: DraftConfig
     forward: BlockForward
-    model: torch.nn.Module  # forward, wrapped in DDP under torchrun
+    model: torch.nn.Module  # forward, wrapped in DDP under torchrun, called through torch.compile (compiled.py)
     optimizer: torch.optim.Optimizer
     names: list[str]
     head: torch.Tensor

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from ..config import gamma_for_block_size
 from ..errors import ConfigError
+from .compiled import COMPILE_MODES
 
 # Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
 # A time budget is one too: a resumed run gets a budget of its own (it changes the schedule, but a budgeted run is
-# not reproducible step for step anyway).
+# not reproducible step for step anyway). So is compiling: the same function, rounded in another order.
 OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features",
-                      "feature_store", "time_budget", "save_draft_every_seconds", "draft_dir")
+                      "feature_store", "time_budget", "save_draft_every_seconds", "draft_dir", "compile")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TrainConfig:
     time_budget: float | None = None  # seconds from the first step: stop after the step that crosses it (see _lr)
     save_draft_every_seconds: float | None = None  # also write the draft folder this often, not only at the end
     draft_dir: Path | None = None  # where the draft folder goes; None: out_dir/draft
+    compile: str = "off"  # torch.compile the draft's forward: off, on, or auto (long runs; compiled.py)
 
     def __post_init__(self) -> None:
         for name in ("out_dir", "init_from", "draft_dir"):
@@ -86,6 +88,7 @@ class TrainConfig:
                   ("kd_weight", 0 <= self.kd_weight <= 1, "in [0, 1]"),
                   ("weighting", self.weighting in ("decay", "dpace"), "decay or dpace"),
                   ("dpace_alpha", 0 <= self.dpace_alpha <= 1, "in [0, 1]"),
+                  ("compile", self.compile in COMPILE_MODES, " or ".join(COMPILE_MODES)),
                   ("gamma", self.gamma is None or self.gamma > 0, "> 0 or None"),
                   ("time_budget", self.time_budget is None or self.time_budget > 0, "> 0 seconds or None"),
                   ("save_draft_every_seconds", self.save_draft_every_seconds is None

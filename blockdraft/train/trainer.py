@@ -38,6 +38,7 @@ from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from .batches import data_fingerprint, load_split, make_micro_batch, rank_micro_batches, seeded_generator
 from .checkpointing import dtype_name, restore, save_draft, save_training_state
+from .compiled import compiled_model
 from .data import Example, emitted_tokens, frequent_tokens
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .feature_store import FeatureStore, store_dir, token_digest
@@ -113,6 +114,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     if ranks.world > 1:
         device_ids = [target.device.index] if target.device.type == "cuda" else None
         run.model = torch.nn.parallel.DistributedDataParallel(forward, device_ids=device_ids)
+    run.model = compiled_model(run.model, cfg.compile, cfg.time_budget, total, target.device,
+                               say=print if ranks.rank == 0 else lambda _: None)
     run.metrics = BlockMetrics.zeros(draft_cfg.block_size, target.device)
     if cfg.cache_features or cfg.feature_store:
         run.cache = _feature_cache(run, ranks.rank == 0)
