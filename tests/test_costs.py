@@ -193,3 +193,32 @@ def test_a_draft_scoring_other_ids_does_not_read_anothers_costs(tmp_path, monkey
     with pytest.warns(UserWarning, match="cached step costs"):  # 9 s a step: far slower than now, as meant
         assert measured_costs(target, full, True, rows=1) == slow, "the full-vocabulary draft reads its own costs"
     assert measured_costs(target, limited, True, rows=1) != slow, "the limited one is measured for itself"
+
+
+def test_a_drafted_width_timed_under_a_plain_step_is_timed_again_and_never_priced_below_it():
+    """A cache once priced a q4 plain step at 22.0 ms and a drafted step of width 2 at 17.1 (a slow spell met every
+    plain step); the policy then drafted where it lost (0.85x the target alone). Measured again while the plain
+    steps stay slow, then floored: a drafted step costs a plain step's verify plus the draft."""
+    from blockdraft.decode import costs
+
+    quiet = {1: 0.010, 2: 0.0125, 4: 0.013}
+    rounds = {"plain": 0}
+
+    def steps(rows, width, n):
+        if width == 1:
+            rounds["plain"] += 1
+            slow = rounds["plain"] <= costs.ROUNDS + (1 if stubborn else 0)  # slow spells on the first rounds only
+            return [quiet[1] * (3.0 if slow else 1.0)] * n
+        return [quiet[width]] * n
+
+    stubborn = False
+    model = costs.measure_costs(steps, [1, 2, 4], [1])
+    assert rounds["plain"] == costs.ROUNDS + 1 and model.plain[1] == quiet[1], "one more round found the quiet step"
+    assert model.drafted[1] == {2: quiet[2], 4: quiet[4]}
+    stubborn, rounds["plain"] = True, 0
+    model = costs.measure_costs(steps, [1, 2, 4], [1])
+    assert model.plain[1] == quiet[1] and rounds["plain"] == costs.ROUNDS + 2
+    rounds["plain"] = -100  # slow for every round there is
+    model = costs.measure_costs(steps, [1, 2, 4], [1])
+    assert rounds["plain"] == -100 + costs.ROUNDS + costs.EXTRA_ROUNDS, "extra rounds are bounded"
+    assert all(t >= model.plain[1] for t in model.drafted[1].values()), "a drafted width priced below a plain step"
