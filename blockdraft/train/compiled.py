@@ -37,13 +37,20 @@ def wants_compile(mode: str, time_budget: float | None, total_steps: int) -> boo
 def compile_problem(device: torch.device) -> str | None:
     """None where torch.compile builds and runs a kernel on `device`; else why not, in one line.
 
-    A probe of one tiny function (a few seconds): a missing C++ compiler or Triton fails here, not mid-run."""
+    A probe of one tiny function, forward and backward (a few seconds): a missing C++ compiler or Triton fails
+    here, not mid-run."""
     try:
         probe = torch.compile(lambda x: torch.nn.functional.silu(x) * 2 + 1, dynamic=False)
-        probe(torch.ones(8, device=device))
+        probe(torch.ones(8, device=device, requires_grad=True)).sum().backward()
     except Exception as exc:  # noqa: BLE001 - every failure to build means: stay eager (or refuse under `on`)
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'}"
+        return _one_line(exc)
     return None
+
+
+def _one_line(exc: Exception) -> str:
+    """`Type: first line of the message`, for a note or an error."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no message'}"
 
 
 class CompiledForward:
@@ -72,9 +79,8 @@ class CompiledForward:
             raise
         except Exception as exc:  # noqa: BLE001 - a graph torch.compile cannot build runs eager, the same function
             if self.strict:
-                raise ConfigError(f"torch.compile failed on the draft's forward ({type(exc).__name__}: "
-                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'}); "
-                                  "train with --compile off (or auto) to run it eager") from exc
+                raise ConfigError(f"torch.compile failed on the draft's forward ({_one_line(exc)}); train with "
+                                  "--compile off (or auto) to run it eager") from exc
             self.say(f"note: torch.compile failed on the draft's forward ({type(exc).__name__}); training eager")
             self.compiled = None
             return self.module(*args)
