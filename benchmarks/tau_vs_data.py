@@ -5,7 +5,7 @@
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
 last; hollow points are continuations that were measured and not shipped (from stage 9, and one from stage 10 drawn
 after the star); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's
-CPU-hours (it added none). x: the CPU-hours of
+CPU-hours (it added none); stage 11 continues it on the CPU. x: the CPU-hours of
 training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
 response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
 HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
@@ -46,6 +46,11 @@ GPU_STAGES = {"10": (7.2, 4_071_399, 1.622, 1.419)}
 # tokens: human answers and sampled ones), measured beside stage 10 in one run (bf16: 1.689 / 1.415 against 1.701 /
 # 1.377); drawn as stage 10's own point plus that difference, the CPU of the two runs being another.
 AFTER_GPU = [(75, 2_710_801, 1.622 + 1.689 - 1.701, 1.419 + 1.415 - 1.377, "8k head, 75 min")]
+# Shipped stages after stage 10: (CPU minutes since stage 10, tokens added, HumanEval tau, MT-Bench tau). Stage 11
+# (2026-11-29, Intel Xeon): the 75-minute continuation above, then 85 minutes more with the forward compiled over
+# code, greedy and sampled answers (no new text); measured beside stage 10 in one run (bf16: 1.776 / 1.449 against
+# 1.682 / 1.377), drawn as stage 10's point plus that difference.
+SHIPPED_AFTER_GPU = {"11": (160, 2_710_801, 1.622 + 1.776 - 1.682, 1.419 + 1.449 - 1.377)}
 
 
 def lineage_hours() -> list[float]:
@@ -88,6 +93,13 @@ def main() -> None:
             for x, point in zip(after_x, AFTER_GPU):
                 ax.annotate(f"from 10: {point[4]}", (x, point[column]), textcoords="offset points", xytext=(0, 7),
                             ha="center", fontsize=7)
+            later_x = [hours[-1] + m / 60 if xs is hours else (GPU_STAGES["10"][1] + t) / 1e6
+                       for m, t, *_ in SHIPPED_AFTER_GPU.values()]
+            ax.plot([gpu_x[-1], *later_x], [GPU_STAGES["10"][column], *(v[column] for v in SHIPPED_AFTER_GPU.values())],
+                    marker=marker, color=color, markevery=list(range(1, len(later_x) + 1)))
+            for stage, x, point in zip(SHIPPED_AFTER_GPU, later_x, SHIPPED_AFTER_GPU.values()):
+                ax.annotate(stage, (x, point[column]), textcoords="offset points", xytext=(0, 6), ha="center",
+                            fontsize=8)
         for stage, x, (_, _, humaneval, _) in zip(STAGES, xs, STAGES.values()):
             ax.annotate(stage, (x, humaneval), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
         for stage, (minutes, tokens_, humaneval, _) in GPU_STAGES.items():
@@ -115,6 +127,11 @@ def main() -> None:
         print(f"{name}: +{per_hour:.3f} tau per CPU-hour and +{per_doubling:.3f} per doubling of data over stages "
               f"5-9; {goal} needs {(goal - tau9) / per_hour:.0f} more CPU-hours at that slope, or "
               f"{2 ** ((goal - tau9) / per_doubling):.0f}x the data")
+    for column, name, goal in ((2, "HumanEval", 2.0), (3, "MT-Bench", 1.7)):
+        minutes, _, *taus = SHIPPED_AFTER_GPU["11"]
+        per_hour = (taus[column - 2] - GPU_STAGES["10"][column]) / (minutes / 60)
+        print(f"{name}: +{per_hour:.3f} tau per CPU-hour from stage 10 to 11; {goal} needs "
+              f"{(goal - taus[column - 2]) / per_hour:.0f} more CPU-hours at that slope")
     print(f"wrote {args.out}")
 
 
