@@ -30,6 +30,7 @@ def _broken_compile(*args, **kwargs):
 
 
 def test_a_machine_that_cannot_compile_trains_eager_under_auto_and_is_refused_under_on(monkeypatch):
+    monkeypatch.setattr(compiled.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(compiled.torch, "compile", _broken_compile)
     module = torch.nn.Linear(2, 2)
     notes = []
@@ -56,6 +57,25 @@ def test_a_graph_that_fails_to_compile_runs_eager_or_is_refused(monkeypatch):
         CompiledForward(module, strict=True)(x)
 
 
+def test_compiled_output_that_disagrees_with_eager_is_refused_or_dropped(monkeypatch):
+    """Compiled kernels that return NaN (as they did with torch's kernels capped at AVX2) never train."""
+    monkeypatch.setattr(compiled.torch, "compile", lambda module, **kwargs: lambda *args: module(*args) * float("nan"))
+    module = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    notes = []
+    lenient = CompiledForward(module, strict=False, say=notes.append)
+    torch.testing.assert_close(lenient(x), module(x))
+    assert lenient.compiled is None and "differs from eager" in notes[0]
+    with pytest.raises(ConfigError, match="differs from eager.*--compile off"):
+        CompiledForward(module, strict=True)(x)
+
+
+def test_a_cpu_capped_below_avx512_trains_eager(monkeypatch):
+    monkeypatch.setattr(compiled.torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    problem = compiled.compile_problem(torch.device("cpu"))
+    assert problem is not None and "AVX2" in problem
+
+
 def test_compiled_training_forward_computes_the_eager_function():
     """The real thing, on a tiny draft: states and gradients of the compiled forward match eager's to float32
     rounding, over two sequence lengths (shapes traced as dynamic)."""
@@ -63,7 +83,7 @@ def test_compiled_training_forward_computes_the_eager_function():
     from blockdraft.train.objective import sample_anchors
 
     if compiled.compile_problem(torch.device("cpu")) is not None:
-        pytest.skip("torch.compile cannot build kernels on this machine (no C++ compiler)")
+        pytest.skip("torch.compile is not used on this machine (no C++ compiler, or torch's kernels below AVX512)")
     target = tiny_target("llama")
     forward = BlockForward(tiny_draft(target, layers=2, block_size=8), target)
     fast = CompiledForward(forward, strict=True)

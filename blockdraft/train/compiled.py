@@ -37,8 +37,13 @@ def wants_compile(mode: str, time_budget: float | None, total_steps: int) -> boo
 def compile_problem(device: torch.device) -> str | None:
     """None where torch.compile builds and runs a kernel on `device`; else why not, in one line.
 
-    A probe of one tiny function, forward and backward (a few seconds): a missing C++ compiler or Triton fails
-    here, not mid-run."""
+    On a CPU, only where torch's kernels run AVX512: with them capped at AVX2 (BLOCKDRAFT_CPU=avx2, as on AMD Zen
+    2/3) the compiled draft forward returned NaN everywhere (torch 2.13, tests/test_train_compile.py), so such a
+    CPU trains eager. Then a probe of one tiny function, forward and backward (a few seconds): a missing C++
+    compiler or Triton fails here, not mid-run."""
+    if device.type == "cpu" and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return (f"its compiled kernels gave NaN on this CPU class ({torch.backends.cpu.get_cpu_capability()}); "
+                "it is used only where torch runs AVX512")
     try:
         probe = torch.compile(lambda x: torch.nn.functional.silu(x) * 2 + 1, dynamic=False)
         probe(torch.ones(8, device=device, requires_grad=True)).sum().backward()
@@ -75,13 +80,17 @@ class CompiledForward:
             return self.compiled(*args)
         try:
             out = self.compiled(*args)
+            with torch.no_grad():
+                reference = self.module(*args)
+            if not _agrees(out.detach(), reference):
+                raise ArithmeticError("its output differs from eager's on the first batch (NaN, or beyond rounding)")
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - a graph torch.compile cannot build runs eager, the same function
             if self.strict:
                 raise ConfigError(f"torch.compile failed on the draft's forward ({_one_line(exc)}); train with "
                                   "--compile off (or auto) to run it eager") from exc
-            self.say(f"note: torch.compile failed on the draft's forward ({type(exc).__name__}); training eager")
+            self.say(f"note: torch.compile failed on the draft's forward ({_one_line(exc)}); training eager")
             self.compiled = None
             return self.module(*args)
         self.proven = True
@@ -92,6 +101,14 @@ class CompiledForward:
         return self.module.no_sync() if hasattr(self.module, "no_sync") else nullcontext()
 
 
+def _agrees(fused: torch.Tensor, eager: torch.Tensor) -> bool:
+    """The first batch's states, compiled and eager: finite alike and within a few bf16 roundings of each other."""
+    if not torch.equal(torch.isfinite(fused), torch.isfinite(eager)):
+        return False
+    scale = float(eager.float().abs().max()) if eager.numel() else 0.0
+    return bool(((fused.float() - eager.float()).abs() <= 0.05 * scale + 1e-3).all())
+
+
 def compiled_model(module: torch.nn.Module, mode: str, time_budget: float | None, total_steps: int,
                    device: torch.device, say=print):
     """`module` itself, or a CompiledForward around it: what `mode` asks for and this machine can build."""
@@ -100,8 +117,8 @@ def compiled_model(module: torch.nn.Module, mode: str, time_budget: float | None
     problem = compile_problem(device)
     if problem is not None:
         if mode == "on":
-            raise ConfigError(f"--compile on, but torch.compile cannot build kernels here ({problem}); install a "
-                              "C++ compiler (a GPU needs Triton) or train with --compile off")
-        say(f"note: torch.compile cannot build kernels here ({problem}); training eager")
+            raise ConfigError(f"--compile on, but torch.compile is not usable here ({problem}); install a C++ "
+                              "compiler (a GPU needs Triton) where that is the cause, or train with --compile off")
+        say(f"note: torch.compile is not used here ({problem}); training eager")
         return module
     return CompiledForward(module, strict=mode == "on", say=say)
