@@ -11,6 +11,7 @@ import torch
 from blockdraft.cli import main
 from blockdraft.train.data import read_examples
 from blockdraft.train.feature_store import FeatureStore, build_store, store_dir, token_digest
+from blockdraft.train.features import FeatureCache
 from blockdraft.train.forward import target_features
 from blockdraft.train.trainer import train
 
@@ -43,6 +44,27 @@ def test_the_store_holds_each_sequences_own_features_and_resumes(tmp_path):
         torch.testing.assert_close(store.get(token_digest(example.input_ids)), alone, rtol=1e-5, atol=1e-6,
                                    msg="padding after a sequence must not change its causal features")
     assert build_store(target, folder, TAPS)["shards_kept"] == 2, "a written shard is never computed again"
+
+
+def test_features_read_from_the_store_are_not_kept_in_memory(tmp_path):
+    target = tiny_target("llama")
+    folder = write_data(tmp_path / "data", count=4)
+    examples = read_examples(folder)
+    build_store(target, folder, TAPS)
+    disk = FeatureStore([store_dir(folder, target, TAPS)])
+    digests = [token_digest(e.input_ids) for e in examples] + ["a sequence the store lacks"]
+    cache = FeatureCache(target, TAPS, disk, digests)
+    lengths = [len(e.input_ids) for e in examples[:2]] + [5]
+    tokens = torch.zeros(3, max(lengths), dtype=torch.long)  # [B, S] right-padded
+    for b, ids in enumerate([examples[0].input_ids, examples[1].input_ids, [7, 8, 9, 10, 11]]):
+        tokens[b, : len(ids)] = torch.tensor(ids)
+    for _ in range(2):
+        out = cache.features(tokens, [0, 1, 4], lengths)  # [3, S, L*D]
+        for b in range(2):
+            torch.testing.assert_close(out[b, : lengths[b]], disk.get(digests[b]), rtol=0, atol=0)
+        assert not out[0, lengths[0]:].any(), "padding rows are zeros"
+    assert set(cache.store) == {4} and cache.forwards == 1 and cache.read == 4, \
+        "stored sequences are read at every step and never held; only the target's own are kept"
 
 
 def counting(target):

@@ -10,7 +10,9 @@ Memory: L·D values per token (SmolLM2, L=2, bf16: 2.3 KB a token, 1 GB for ~450
 `FeatureCache.nbytes` reports it.
 
 With a `FeatureStore` (feature_store.py: the features written to disk once by `blockdraft features`), a sequence
-the store holds is read from it instead: the target runs only for the sequences it lacks.
+the store holds is read from it at every step instead, and never kept here: the target runs only for the sequences
+it lacks, and the run holds in memory only those (the store's files stay in the page cache, which the system may
+reclaim; a copy here would double them in unreclaimable memory, 11 GB for 14k SmolLM2 answers).
 
 Shapes: B sequences, S padded length, L tapped layers, D hidden.
 """
@@ -45,21 +47,20 @@ class FeatureCache:
         """Features [B, S, L*D] for tokens [B, S] (right-padded; row b is dataset index indices[b], of
         lengths[b] real tokens). Unseen rows go through one target forward; padding rows get zeros, which
         no block can see (padding follows every anchor)."""
-        missing = [b for b, i in enumerate(indices) if i not in self.store]
-        if missing and self.disk is not None:
-            for b in [b for b in missing if self.digests[indices[b]] in self.disk]:
-                self.store[indices[b]] = self.disk.get(self.digests[indices[b]])[: lengths[b]].clone()
+        rows = {b: self.store[i] for b, i in enumerate(indices) if i in self.store}  # row -> features [S_b, L*D]
+        if self.disk is not None:
+            for b in [b for b, i in enumerate(indices) if b not in rows and self.digests[i] in self.disk]:
+                rows[b] = self.disk.get(self.digests[indices[b]])[: lengths[b]]  # read, not kept
                 self.read += 1
-            missing = [b for b in missing if indices[b] not in self.store]
+        missing = [b for b in range(len(indices)) if b not in rows]
         if missing:
             width = max(lengths[b] for b in missing)
             fresh = target_features(self.target, tokens[missing, :width], self.tap_layer_ids)  # [M, W, L*D]
             self.forwards += 1
             for row, b in enumerate(missing):
-                self.store[indices[b]] = fresh[row, : lengths[b]].to("cpu", copy=True)
+                rows[b] = self.store[indices[b]] = fresh[row, : lengths[b]].to("cpu", copy=True)
         B, S = tokens.shape
-        first = self.store[indices[0]]
-        out = first.new_zeros(B, S, first.shape[-1])  # assembled on the host, moved once
-        for b, i in enumerate(indices):
-            out[b, : lengths[b]] = self.store[i]
+        out = rows[0].new_zeros(B, S, rows[0].shape[-1])  # assembled on the host, moved once
+        for b in range(B):
+            out[b, : lengths[b]] = rows[b]
         return out.to(self.target.device)
