@@ -69,6 +69,27 @@ def killed_run(tmp_path: Path) -> None:
         train(tiny_target("llama"), config(tmp_path, **KILLED), on_step=kill_after_three)
 
 
+def test_a_resumed_run_goes_on_with_its_checkpoints_clock(tmp_path):
+    write_data(tmp_path / "data", count=8)
+    settings = dict(KILLED, epochs=4, time_budget=1e6, log_every=1)  # 8 steps; checkpoints every 2
+
+    def kill_after_three(step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(tiny_target("llama"), config(tmp_path, **settings), on_step=kill_after_three)
+    state = json.loads((tmp_path / "out" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["elapsed"] > 0, state
+    steps = []
+    train(tiny_target("llama"), config(tmp_path, **dict(settings, time_budget=state["elapsed"] * 0.999)),
+          on_step=steps.append)
+    assert steps == [], "the budget was spent before the checkpoint: a resumed run must not start it again"
+    steps.clear()
+    train(tiny_target("llama"), config(tmp_path, **dict(settings, time_budget=1e6)), on_step=steps.append)
+    assert steps == [3, 4, 5, 6, 7, 8], "a larger budget trains the resumed run further"
+
+
 def test_a_resume_with_the_target_in_another_dtype_is_refused(tmp_path):
     killed_run(tmp_path)
     target = tiny_target("llama")

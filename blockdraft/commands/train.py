@@ -27,8 +27,9 @@ def add_arguments(parser) -> None:
                         help="stop after this many optimizer steps; default: all epochs")
     parser.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                        help="stop after the step that ends past this many seconds from the first step, then "
-                             "checkpoint and write the draft; the learning-rate schedule ends with the budget")
+                        help="stop after the step that ends past this many seconds of training (a resumed run "
+                             "goes on with its checkpoint's seconds), then checkpoint and write the draft; the "
+                             "learning-rate schedule ends with the budget")
     parser.add_argument("--save-draft-every-seconds", type=float, default=None, metavar="SECONDS",
                         help="also write the draft folder this often while training (atomically: a run killed "
                              "mid-way leaves a loadable draft)")

@@ -118,6 +118,9 @@ def restore(run: Run) -> int | None:
         run.forward.load_trained_state(read_trained_tensors(folder))
     run.step, run.epoch, run.position = state["step"], state["epoch"], state["position"]
     run.skipped = state.get("skipped", 0)
+    # The seconds trained so far (0 in checkpoints written before they were kept): a time budget and the schedule
+    # it drives go on from there.
+    run.elapsed = run.draft_saved = float(state.get("elapsed", 0.0))
     return run.step
 
 

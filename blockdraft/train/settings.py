@@ -12,8 +12,9 @@ from ..errors import ConfigError
 from .compiled import COMPILE_MODES
 
 # Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
-# A time budget is one too: a resumed run gets a budget of its own (it changes the schedule, but a budgeted run is
-# not reproducible step for step anyway). So is compiling: the same function, rounded in another order.
+# A time budget is one too: it counts the run's training seconds across resumes, so a larger one trains a resumed run
+# further (a budgeted run is not reproducible step for step anyway). So is compiling: the same function, rounded in
+# another order.
 OPERATIONAL_FIELDS = ("data_dirs", "out_dir", "save_every", "eval_every", "log_every", "resume", "cache_features",
                       "feature_store", "time_budget", "save_draft_every_seconds", "draft_dir", "compile")
 

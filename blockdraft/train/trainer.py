@@ -67,7 +67,7 @@ def train(target: Target, cfg: TrainConfig, *, on_step: Callable[[int], None] | 
         run, log = _prepare(target, cfg, ranks)
         with progress_bar(ranks.rank == 0) as progress:
             task = progress.add_task("train", total=run.total_steps, completed=run.step, info="")
-            run.started = monotonic()
+            run.started = monotonic() - run.elapsed  # a resumed run continues its checkpoint's clock
             while not run.finished:
                 _step(run)
                 run.elapsed = _elapsed(run)
@@ -301,7 +301,7 @@ def _after_step(run: Run, log: MetricsLog | None) -> None:
             log.write({"split": "val", "step": step, **run.last_val})
             plot_curves(log.records, cfg.out_dir / "curves.png")
     if (step % cfg.save_every == 0 or last) and run.ranks.rank == 0:
-        state = {"format": 1, "step": step, "epoch": run.epoch, "position": run.position,
+        state = {"format": 1, "step": step, "epoch": run.epoch, "position": run.position, "elapsed": run.elapsed,
                  "skipped": run.skipped, "total_steps": run.total_steps, "world_size": run.ranks.world,
                  "scheduler": {"kind": "linear warmup, cosine", "lr": run.lr,
                                "warmup_steps": math.ceil(cfg.warmup_fraction * run.total_steps)},
