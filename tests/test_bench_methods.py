@@ -63,6 +63,26 @@ def test_our_methods_are_the_named_presets_and_repeat_their_output():
         assert [d.stats.histogram for d in method.decode([[1, 5, 9, 1, 5]], 12)] == first, method.name
 
 
+@pytest.mark.parametrize("measure", [False, True], ids=["cached-costs", "measured-costs"])
+def test_measure_costs_reaches_every_method_that_prices_widths(monkeypatch, measure):
+    from blockdraft.bench.methods import ADAPTIVE, LOOKUP, build_methods
+    from blockdraft.decode import decoder
+
+    asked = []
+    priced = decoder.measured_costs  # conftest's fixed costs
+
+    def recording(*args, fresh=False, **kwargs):
+        asked.append(fresh)
+        return priced(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "measured_costs", recording)
+    target = tiny_target("llama")
+    methods, _ = build_methods(target, tiny_draft(target, block_size=4), 4, [STOP], measure_costs=measure)
+    for method in (m for m in methods if m.name in (ADAPTIVE, LOOKUP)):
+        method.decode([[1, 5, 9, 1, 5]], 6)
+    assert asked and set(asked) == {measure}, asked
+
+
 def test_llama_cpp_is_skipped_with_a_note_when_missing(monkeypatch):
     from blockdraft.bench.methods import LLAMA_CPP, build_methods
 

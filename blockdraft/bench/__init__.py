@@ -45,7 +45,8 @@ def benchmark(target: Target, draft: DFlashDraftModel, prompts: list[list[int]],
     stop_token_ids = sorted(eos_ids(target))
     methods, notes = build_methods(target, draft, settings.block_size, stop_token_ids, draft_folder,
                                    choose_methods(settings.methods), sampling=settings.sampling,
-                                   coupled=settings.coupled, gguf=gguf, llama_draft_max=settings.llama_draft_max)
+                                   coupled=settings.coupled, gguf=gguf, llama_draft_max=settings.llama_draft_max,
+                                   measure_costs=settings.measure_costs)
     try:
         run = run_bench(target, methods, prompts, settings, stop_token_ids, prompt_ids, on_progress)
     finally:  # llama.cpp's DFlash runs in server processes: stop them however the run ends

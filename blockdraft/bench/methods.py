@@ -87,10 +87,10 @@ class OursMethod:
     acceptance and the cost model measured once, not what earlier prompts did."""
 
     def __init__(self, name: str, target: Target, draft, options: DecodeOptions, stop_token_ids: list[int],
-                 sampling: SamplingParams | None = None) -> None:
+                 sampling: SamplingParams | None = None, measure_costs: bool = False) -> None:
         self.name = name
         self.seeds = Sampled(sampling)
-        self.decoder = Decoder(target, draft, options)
+        self.decoder = Decoder(target, draft, options, measure_costs=measure_costs)
         self.stop_token_ids = stop_token_ids
 
     def decode(self, prompts: list[list[int]], max_new_tokens: int) -> list[Decoded]:
@@ -220,17 +220,18 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
                   draft_folder: str | Path | None = None,
                   names: Sequence[str] = METHODS, sampling: SamplingParams | None = None,
                   coupled: bool = False, gguf: str | Path | None = None,
-                  llama_draft_max: Sequence[int] = (2,)) -> tuple[list, list[str]]:
+                  llama_draft_max: Sequence[int] = (2,), measure_costs: bool = False) -> tuple[list, list[str]]:
     """The methods named (all by default) that can run here, in their base order, and a note for each one
     skipped. With `sampling` (temperature > 0) every method samples, ours coupled when `coupled`; the reference
     runtime and llama.cpp are then left out. `gguf`: the target's GGUF file, for llama.cpp; `llama_draft_max`:
-    the draft lengths llama.cpp's DFlash runs at, one method each."""
+    the draft lengths llama.cpp's DFlash runs at, one method each. `measure_costs`: ours time their step costs
+    afresh (once per process, in the warm-up) instead of reading the cache."""
     s = dict(sampling=sampling)
     sampler = "coupled" if coupled else "rejection"
 
     def ours(name: str, preset: str | None):
         options = replace(PRESETS[preset or "chain"], block_size=block_size, sampler=sampler)
-        return OursMethod(name, target, draft if preset else None, options, stop_token_ids, sampling)
+        return OursMethod(name, target, draft if preset else None, options, stop_token_ids, sampling, measure_costs)
 
     methods = [
         ours(BASELINE, None),

@@ -39,6 +39,7 @@ class BenchSettings:
     sampling: SamplingParams | None = None  # None or temperature 0: greedy; else every method samples (rule 4)
     coupled: bool = False  # ours sample coupled (sampling/gumbel.py), so their texts compare to ours-baseline's
     llama_draft_max: tuple[int, ...] = (2,)  # llama.cpp DFlash's draft lengths, one method each (methods.py)
+    measure_costs: bool = False  # time ours' step costs afresh (in the warm-up) instead of reading the cache
 
 
 @dataclass

@@ -50,6 +50,9 @@ def add_arguments(parser) -> None:
                              "list runs one method per length (default 2: the fastest of 2, 3, 4 and 8 measured on "
                              "a 2-core CPU)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
+    parser.add_argument("--measure-costs", action="store_true",
+                        help="time the step costs that price adaptive widths again (in the warm-up), replacing the "
+                             "cached ones: after they were measured on a busier machine")
     sampling = add_sampling_arguments(parser, "every method samples with these (default: greedy); texts are then "
                                       "compared only with --sampler coupled, and only ours", 0,
                                       "base seed of every method's samples (default 0)")
@@ -107,7 +110,7 @@ def run(args) -> int:
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              methods=methods, sampling=None if sampling.greedy else sampling,
                              coupled=DecodeOptions(sampling=sampling, sampler=args.sampler).coupled,
-                             llama_draft_max=tuple(llama_draft_max))
+                             llama_draft_max=tuple(llama_draft_max), measure_costs=args.measure_costs)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),
                "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks},
