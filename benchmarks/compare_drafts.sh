@@ -13,7 +13,11 @@ for w in bf16 fp32; do
 done
 run --weights bf16 --tree --draft "$SHIP" > "$OUT/bf16-tree-shipped.txt" 2>&1
 run --weights bf16 --tree --draft "$NEW" > "$OUT/bf16-tree-new.txt" 2>&1
-for f in "$OUT"/*-new.txt; do
-  echo "$(basename "$f" -new.txt): shipped $(tail -1 "${f%-new.txt}-shipped.txt")"
-  echo "$(basename "$f" -new.txt): new     $(tail -1 "$f")"
+for f in "$OUT"/*-new.txt; do  # e.g. "bf16-chain  humaneval shipped 1.776 new 1.906  mt-bench shipped ..."
+  python - "${f%-new.txt}-shipped.txt" "$f" <<'PY'
+import json, sys
+shipped, new = (json.loads(open(path).read().strip().splitlines()[-1])["results"] for path in sys.argv[1:])
+line = "  ".join(f"{s} shipped {shipped[s]['mean_tau']:.3f} new {new[s]['mean_tau']:.3f}" for s in shipped)
+print(f"{sys.argv[2].rsplit('/', 1)[-1].removesuffix('-new.txt'):11s} {line}")
+PY
 done

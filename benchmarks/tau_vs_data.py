@@ -5,7 +5,7 @@
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
 last; hollow points are continuations that were measured and not shipped (from stage 9, and one from stage 10 drawn
 after the star); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's
-CPU-hours (it added none); stage 11 continues it on the CPU. x: the CPU-hours of
+CPU-hours (it added none); stages 11 and 12 continue it on the CPU. x: the CPU-hours of
 training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
 response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
 HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
@@ -49,8 +49,12 @@ AFTER_GPU = [(75, 2_710_801, 1.622 + 1.689 - 1.701, 1.419 + 1.415 - 1.377, "8k h
 # Shipped stages after stage 10: (CPU minutes since stage 10, tokens added, HumanEval tau, MT-Bench tau). Stage 11
 # (2026-11-29, Intel Xeon): the 75-minute continuation above, then 85 minutes more with the forward compiled over
 # code, greedy and sampled answers (no new text); measured beside stage 10 in one run (bf16: 1.776 / 1.449 against
-# 1.682 / 1.377), drawn as stage 10's point plus that difference.
+# 1.682 / 1.377), drawn as stage 10's point plus that difference. Stage 12 (2026-11-29, the same Intel Xeon): stage 11
+# continued 106 minutes over the same folders (no new text); measured beside stage 11 in one run (bf16: 1.906 / 1.479
+# against 1.776 / 1.449), drawn as stage 11's point plus that difference.
 SHIPPED_AFTER_GPU = {"11": (160, 2_710_801, 1.622 + 1.776 - 1.682, 1.419 + 1.449 - 1.377)}
+SHIPPED_AFTER_GPU["12"] = (160 + 106, 2_710_801, SHIPPED_AFTER_GPU["11"][2] + 1.906 - 1.776,
+                           SHIPPED_AFTER_GPU["11"][3] + 1.479 - 1.449)
 
 
 def lineage_hours() -> list[float]:
@@ -127,11 +131,16 @@ def main() -> None:
         print(f"{name}: +{per_hour:.3f} tau per CPU-hour and +{per_doubling:.3f} per doubling of data over stages "
               f"5-9; {goal} needs {(goal - tau9) / per_hour:.0f} more CPU-hours at that slope, or "
               f"{2 ** ((goal - tau9) / per_doubling):.0f}x the data")
+    # The CPU slope after the GPU stage: stage 10 to the last shipped stage, and the last step alone.
+    before, last = list(SHIPPED_AFTER_GPU)[-2:]
+    minutes, _, *taus = SHIPPED_AFTER_GPU[last]
     for column, name, goal in ((2, "HumanEval", 2.0), (3, "MT-Bench", 1.7)):
-        minutes, _, *taus = SHIPPED_AFTER_GPU["11"]
         per_hour = (taus[column - 2] - GPU_STAGES["10"][column]) / (minutes / 60)
-        print(f"{name}: +{per_hour:.3f} tau per CPU-hour from stage 10 to 11; {goal} needs "
-              f"{(goal - taus[column - 2]) / per_hour:.0f} more CPU-hours at that slope")
+        step_minutes, _, *step_taus = SHIPPED_AFTER_GPU[before]
+        per_hour_last = (taus[column - 2] - step_taus[column - 2]) / ((minutes - step_minutes) / 60)
+        print(f"{name}: +{per_hour:.3f} tau per CPU-hour from stage 10 to {last} (+{per_hour_last:.3f} from "
+              f"{before} to {last}); {goal} needs {(goal - taus[column - 2]) / per_hour:.1f} more CPU-hours at the "
+              f"first slope, {(goal - taus[column - 2]) / per_hour_last:.1f} at the second")
     print(f"wrote {args.out}")
 
 
