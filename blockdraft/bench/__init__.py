@@ -1,6 +1,8 @@
 """Same-run benchmarks: the target alone, HF generate, HF prompt lookup and DFlash speculative decoding.
 
     methods.py  the decoders compared, behind one `decode(prompts, max_new_tokens)` call
+    decoded.py  the methods' names and what one returns
+    external.py the other runtimes' methods (reference, llama.cpp, llama-server), where they run
     runner.py   warm-up, interleaved per-batch runs, equal truncation, CUDA-synchronized timing
     summary.py  median/spread, paired speedups, token comparison; pure
     report.py   the JSON document, the rich tables, the final JSON line

@@ -1,4 +1,4 @@
-"""llama.cpp's server as a decoder for the bench (methods.py `llama-cpp-server`, `llama-cpp-dflash`): one process,
+"""llama.cpp's server as a decoder for the bench (external.py `llama-cpp-server`, `llama-cpp-dflash`): one process,
 with llama.cpp's own DFlash (`--spec-type draft-dflash`) or without a draft, the plain decode its text must equal.
 
 llama-cpp-python's Python API has no DFlash drafting (it lives in llama.cpp's `common/speculative.cpp`), so the
