@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blockdraft.model.lean import activation_function, gated, norm_function, residual, rms_norm, rotate
+from blockdraft.model.lean import activation_function, gated, norm_function, residual, rms_norm, rope_tables, rotate
 from conftest import tiny_target
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -58,15 +58,13 @@ def test_an_unknown_norm_keeps_its_own_module():
 def test_rope_tables_rotate_with_the_hf_functions_bits(dtype):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from blockdraft.model.target import _rope_tables
-
     target = tiny_target("llama")
     positions = torch.tensor([[0, 5, 17, 300], [1, 2, 3, 511]])
     x = torch.randn(2, 4, target.config.hidden_size).to(dtype)
     cos, sin = target.rotary(x, positions)  # [B, T, Dh]
     q, k = torch.randn(2, 4, 4, 16).to(dtype), torch.randn(2, 2, 4, 16).to(dtype)  # [B, H, T, Dh]
     expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
-    c, s = _rope_tables(cos, sin)
+    c, s = rope_tables(cos, sin)
     before = q.clone()
     assert torch.equal(rotate(q, c, s), expected_q)
     assert torch.equal(rotate(k, c, s), expected_k)

@@ -248,9 +248,10 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      torch=torch.__version__, packed=bool(getattr(target, "packed", False)),
                      # how int4 products run; the earlier form (bf16 products above 4 rows) timed otherwise
                      int4="q4_1 every row, 4k + 1 rows split" if getattr(target, "quantized", False) else False,
-                     # the step's form: model/lean.py, scripted.py, packed.single_row_differs, step.py's plain steps
+                     # the step's form: model/lean.py, scripted.py, packed.single_row_differs, step.py's plain steps;
+                     # the draft's: model/draft_lean.py
                      forward="lean layers, paired single rows, lean plain steps, ragged steps",
-                     draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size,
+                     draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size, lean=True,
                                 taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND, statistic="min",
                      prompt=PROMPT_LENGTH, ragged=dict(prompt=RAGGED_PROMPT_LENGTH, extra=list(RAGGED_EXTRA)))

@@ -11,6 +11,7 @@ from ..cache import KVCache
 from ..errors import InputError
 from ..io.drafts import LoadedDraft
 from ..model.draft import DFlashDraftModel
+from ..model.draft_lean import lean_draft
 from ..model.packed import head_linear
 from ..model.target import Target
 from .tree import top_candidates
@@ -35,6 +36,7 @@ class Drafter:
                  window: ContextWindow | None = None) -> None:
         draft = LoadedDraft(draft) if isinstance(draft, DFlashDraftModel) else draft
         self.draft = draft.module
+        self.lean = lean_draft(self.draft)  # its inference forward with fewer ops, the same bits
         self.target = target
         self.config = draft.config
         self.block_size = draft.config.block_size if block_size is None else int(block_size)
@@ -127,9 +129,10 @@ class Drafter:
         else:
             valid = padded_rows(counts, features.shape[1])
             slots, lengths = self.window.slots(positions, valid, total), self.window.lengths(total)
-        ctx = self.draft.project_context(features.to(self.target.dtype))  # [B, P, D]
-        for layer, (k, v) in enumerate(self.draft.context_kv(ctx, positions)):
-            self.cache.write(layer, k, v, slots)
+        ctx = self.lean.project_context(features.to(self.target.dtype))  # [B, P, D]
+        start = KVCache.contiguous_start(slots) if self.window is None else None  # a slice copy where it can
+        for layer, (k, v) in enumerate(self.lean.context_kv(ctx, positions)):
+            self.cache.write(layer, k, v, slots, start)
         self.cache.crop_to(lengths)
         self.seen = total
 
@@ -152,7 +155,7 @@ class Drafter:
         # Non-causal: every block row sees all of its row's context and the whole block.
         mask = torch.cat([ctx_visible, ctx_visible.new_ones(B, K)], dim=1)[:, None, :].expand(B, K, span + K)
         ctx_kv = [self.cache.read(layer, span) for layer in range(cfg.num_hidden_layers)]
-        hidden = self.draft(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
+        hidden = self.lean.forward(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
         # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
         rows = hidden[:, 1: K if slots is None else 1 + slots]  # [B, n, D]
         if self.head is None:

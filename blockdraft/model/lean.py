@@ -60,6 +60,15 @@ def gated(act, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return h * up if h.requires_grad else h.mul_(up)
 
 
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, Dh] -> [B, 1, T, Dh] each, sin with its first half negated: then
+    `rotate(x, cos, sin)` is RoPE's x * cos + rotate_half(x) * sin bit for bit ((-a) * b == a * (-b)),
+    without rotate_half's negation and concatenation in every layer."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return cos[:, None], signed[:, None]
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """RoPE of x [B, H, T, Dh]: x * cos + swap_halves(x) * signed_sin (cos, signed_sin [B, 1, T, Dh], the sine's
     first half negated), bit for bit HF's x * cos + rotate_half(x) * sin; the sum and the second product land in

@@ -52,7 +52,7 @@ def rms_norm_twin(x: torch.Tensor, weight: torch.Tensor, eps: torch.Tensor, widt
 
 
 def rotate_twin(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """lean.rotate's twin: RoPE of x [B, h, T, Dh] over the tables of target._rope_tables."""
+    """lean.rotate's twin: RoPE of x [B, h, T, Dh] over the tables of lean.rope_tables."""
     return (x * c).add_(x.roll(x.shape[-1] // 2, -1).mul_(s))
 
 

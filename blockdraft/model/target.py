@@ -17,7 +17,7 @@ import torch
 from ..cache import KVCache
 from ..errors import ConfigError
 from . import q4, q8, scripted
-from .lean import activation_function, mlp_function, norm_function, qkv_function, residual
+from .lean import activation_function, mlp_function, norm_function, qkv_function, residual, rope_tables
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import head_linear
 from .prompt_path import prompt_products
@@ -230,7 +230,7 @@ class Target:
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
         B, D = x.shape[0], x.shape[-1]
-        c, s = _rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
+        c, s = rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
         x = x.view(B * T, D)  # [M, D]: every op but attention works row by row
         rows = Ragged.of(widths, T)
         if rows is not None:
@@ -320,13 +320,3 @@ def _span(needed: int, capacity: int) -> int:
 def on_span_grid(positions: int) -> int:
     """`positions` rounded up to a multiple of SPAN_GRID."""
     return -(-positions // SPAN_GRID) * SPAN_GRID
-
-
-def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [B, T, Dh] -> [B, 1, T, Dh] each, sin with its first half negated: then
-    `lean.rotate(x, cos, sin)` is RoPE's x * cos + rotate_half(x) * sin bit for bit ((-a) * b == a * (-b)),
-    without rotate_half's negation and concatenation in every layer."""
-    half = sin.shape[-1] // 2
-    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-    return cos[:, None], signed[:, None]
-
