@@ -78,6 +78,16 @@ def test_data_of_another_target_or_an_unfinished_run_gets_a_note(tmp_path, capsy
     assert "stopped early (8 of 50 prompts)" in out
 
 
+@pytest.mark.parametrize("sampling,done", [({"answers": 2}, "896 (1792 answers, 2 a prompt)"), (None, "1792")])
+def test_an_unfinished_run_counts_prompts_not_answers(tmp_path, sampling, done):
+    # 1,792 sampled answers at two a prompt are 896 of the 1,500 prompts asked, not more than were asked.
+    from blockdraft.train.preflight import data_notes
+
+    meta = {"complete": False, "examples": 1792, "prompts_requested": 1500, "sampling": sampling}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert f"stopped early ({done} of 1500 prompts)" in data_notes([tmp_path], None)[0]
+
+
 def test_refuses_empty_data(tmp_path):
     (tmp_path / "data").mkdir()
     with pytest.raises(InputError, match="no data-"):
