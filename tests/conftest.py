@@ -324,7 +324,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def client(model):
-    """An in-process client of the server over `model`, with this group's limits."""
+    """An in-process client of the server over `model`, with this group's limits, once it has warmed up."""
     from fastapi.testclient import TestClient
 
     from blockdraft.server import create_app
@@ -332,6 +332,9 @@ def client(model):
     target, draft = model
     app = create_app(target, draft, model_id=MODEL, max_batch=8, max_tokens_limit=LIMIT, max_body_bytes=BODY_LIMIT)
     with TestClient(app) as test_client:
+        # With an empty cost cache (a fresh machine) the server warms up first: /health says 503 "warming" meanwhile.
+        wait_for(lambda: test_client.get("/health").status_code == 200,
+                 describe=lambda: test_client.get("/health").json())
         yield test_client
 
 
