@@ -3,9 +3,9 @@
     python benchmarks/tau_vs_data.py [--out benchmarks/smollm2-tau-vs-data.png]
 
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
-last; hollow points are continuations that were measured and not shipped (from stage 9, and one from stage 10 drawn
-after the star); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's
-CPU-hours (it added none); stages 11 and 12 continue it on the CPU. x: the CPU-hours of
+last; hollow points are continuations that were measured and not shipped (from stage 9, and after the star one from
+stage 10, and stages 13 and 14 from stage 12); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the
+lineage's CPU-hours (it added none); stages 11 and 12 continue it on the CPU. x: the CPU-hours of
 training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
 response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
 HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
@@ -41,11 +41,12 @@ NOT_SHIPPED = [
 # from stage 9, 430 s on one H200, 1,440 steps of 32 sequences over the four folders of 20,096 distinct prompts;
 # measured on the CPU beside stage 9 (1.514 / 1.342 in the same run).
 GPU_STAGES = {"10": (7.2, 4_071_399, 1.622, 1.419)}
-# Continuations of stage 10, not shipped: (their own minutes, tokens added, HumanEval tau, MT-Bench tau, label).
-# 2026-11-29 (Intel Xeon): 75 minutes with --head-ids 8192 over human-a, gpu-b, cpu-s1, cpu-s2 (2.71 M supervised
-# tokens: human answers and sampled ones), measured beside stage 10 in one run (bf16: 1.689 / 1.415 against 1.701 /
-# 1.377); drawn as stage 10's own point plus that difference, the CPU of the two runs being another.
-AFTER_GPU = [(75, 2_710_801, 1.622 + 1.689 - 1.701, 1.419 + 1.415 - 1.377, "8k head, 75 min")]
+# Later continuations, not shipped: (CPU minutes since stage 10, tokens added since, HumanEval tau, MT-Bench tau,
+# label). 2026-11-29 (Intel Xeon): stage 10 continued 75 minutes with --head-ids 8192 over human-a, gpu-b, cpu-s1,
+# cpu-s2 (2.71 M supervised tokens: human answers and sampled ones), measured beside stage 10 in one run (bf16: 1.689 /
+# 1.415 against 1.701 / 1.377); drawn as stage 10's own point plus that difference, the CPU of the two runs being
+# another. The later ones are added below, after the shipped stages they continue.
+AFTER_GPU = [(75, 2_710_801, 1.622 + 1.689 - 1.701, 1.419 + 1.415 - 1.377, "from 10: 8k head, 75 min")]
 # Shipped stages after stage 10: (CPU minutes since stage 10, tokens added, HumanEval tau, MT-Bench tau). Stage 11
 # (2026-11-29, Intel Xeon): the 75-minute continuation above, then 85 minutes more with the forward compiled over
 # code, greedy and sampled answers (no new text); measured beside stage 10 in one run (bf16: 1.776 / 1.449 against
@@ -55,6 +56,16 @@ AFTER_GPU = [(75, 2_710_801, 1.622 + 1.689 - 1.701, 1.419 + 1.415 - 1.377, "8k h
 SHIPPED_AFTER_GPU = {"11": (160, 2_710_801, 1.622 + 1.776 - 1.682, 1.419 + 1.449 - 1.377)}
 SHIPPED_AFTER_GPU["12"] = (160 + 106, 2_710_801, SHIPPED_AFTER_GPU["11"][2] + 1.906 - 1.776,
                            SHIPPED_AFTER_GPU["11"][3] + 1.479 - 1.449)
+# Stage 13 (2026-12-03, AMD EPYC Zen 4): stage 12 continued 54 minutes over cpu-s3 (its first 7 shards: 1,792
+# sampled answers, 345,551 new response tokens), cpu-code, gpu-b; measured beside stage 12 in one run (bf16: 1.824 /
+# 1.481 against 1.792 / 1.490), drawn as stage 12's point plus that difference. Not shipped (MT-Bench lower).
+AFTER_GPU.append((160 + 106 + 54, 2_710_801 + 345_551, SHIPPED_AFTER_GPU["12"][2] + 1.824 - 1.792,
+                  SHIPPED_AFTER_GPU["12"][3] + 1.481 - 1.490, "13"))
+# Stage 14 (the same day and CPU): stage 13 continued 91 minutes over all of cpu-s3 (11 shards: 191,985 more new
+# response tokens), cpu-s1, cpu-code, gpu-b; beside stage 12 in one run (bf16: 1.847 / 1.488 against 1.792 / 1.490).
+# Not shipped (MT-Bench lower by 0.002).
+AFTER_GPU.append((160 + 106 + 54 + 91, 2_710_801 + 537_536, SHIPPED_AFTER_GPU["12"][2] + 1.847 - 1.792,
+                  SHIPPED_AFTER_GPU["12"][3] + 1.488 - 1.490, "14"))
 
 
 def lineage_hours() -> list[float]:
@@ -95,7 +106,7 @@ def main() -> None:
                        for m, t, *_ in AFTER_GPU]
             ax.scatter(after_x, [e[column] for e in AFTER_GPU], marker=marker, facecolors="none", edgecolors=color)
             for x, point in zip(after_x, AFTER_GPU):
-                ax.annotate(f"from 10: {point[4]}", (x, point[column]), textcoords="offset points", xytext=(0, 7),
+                ax.annotate(point[4], (x, point[column]), textcoords="offset points", xytext=(0, 7),
                             ha="center", fontsize=7)
             later_x = [hours[-1] + m / 60 if xs is hours else (GPU_STAGES["10"][1] + t) / 1e6
                        for m, t, *_ in SHIPPED_AFTER_GPU.values()]
