@@ -41,6 +41,10 @@ def add_arguments(parser) -> None:
                         help="the mask token's id; default: chosen from the tokenizer (docs/training.md §1)")
     parser.add_argument("--target-layer-ids", default=None, help="comma-separated ids (default: the spread rule)")
     parser.add_argument("--init-from", default=None, help="start from this draft folder")
+    parser.add_argument("--grow-layers", type=int, default=0, metavar="N",
+                        help="append N layers to the --init-from draft, each adding nothing at the start (its "
+                             "output projections zero), so training goes on from the same function; --layers counts "
+                             "the grown draft's layers")
     parser.add_argument("--init-target-layers", default=None, metavar="IDS",
                         help="start each draft layer from these target layers, e.g. 28,29 (fc starts by selecting "
                              "the deepest tapped layer); one id per draft layer")
@@ -100,6 +104,7 @@ def run(args) -> int:
         batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.max_steps,
         save_every=args.save_every, eval_every=args.eval_every, val_fraction=args.val_fraction, seed=args.seed,
         mask_token_id=args.mask_token_id, target_layer_ids=ids, init_from=args.init_from, init_target_layers=start,
+        grow_layers=args.grow_layers,
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features, feature_store=args.feature_store,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,

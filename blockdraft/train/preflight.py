@@ -16,10 +16,12 @@ def check_init(cfg: TrainConfig, draft_cfg: DraftConfig) -> None:
     # The loaded draft defines the shape and interface; a TrainConfig that says otherwise is a mistake. The block
     # size is not among them: no weight depends on K (the block's slots share every projection), so a K = 8 draft
     # continues at K = 4 and the continued draft serves at the run's K.
-    wanted = {"num_hidden_layers": cfg.num_draft_layers, "mask_token_id": cfg.mask_token_id,
-              "target_layer_ids": cfg.target_layer_ids}
+    wanted = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": cfg.target_layer_ids}
     wrong = [f"{k} {v!r} vs the draft's {getattr(draft_cfg, k)!r}" for k, v in wanted.items()
              if v is not None and v != getattr(draft_cfg, k)]
+    if cfg.num_draft_layers != draft_cfg.num_hidden_layers + cfg.grow_layers:  # grown: its layers + grow_layers
+        grown = f" + grow_layers {cfg.grow_layers}" if cfg.grow_layers else ""
+        wrong.append(f"num_hidden_layers {cfg.num_draft_layers} vs the draft's {draft_cfg.num_hidden_layers}{grown}")
     if draft_cfg.final_logit_softcapping is not None:
         wrong.append("the draft uses final_logit_softcapping, which training does not apply")
     if wrong:

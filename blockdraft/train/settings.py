@@ -49,6 +49,7 @@ class TrainConfig:
     max_steps: int | None = None  # caps the run and its schedule
     init_from: Path | None = None  # start from this draft folder instead of a random init
     init_target_layers: tuple[int, ...] | None = None  # start each draft layer from this target layer (target_init.py)
+    grow_layers: int = 0  # append this many layers to init_from's, each adding nothing at the start (grow.py)
     mask_token_id: int | None = None  # None: docs/training.md §1's order (tokenizer mask, spare row, unused special)
     target_layer_ids: tuple[int, ...] | None = None  # None: the default rule
     resume: bool = True  # continue out_dir/checkpoint if present
@@ -80,7 +81,7 @@ class TrainConfig:
                     for name, low in (("num_draft_layers", 1), ("block_size", 2), ("anchors", 1), ("max_seq_len", 2),
                                       ("epochs", 1), ("batch_size", 1), ("save_every", 1), ("eval_every", 1),
                                       ("log_every", 1), ("micro_batch_size", 1), ("max_steps", 1),
-                                      ("scale_sequences", 1), ("head_ids", 2))
+                                      ("scale_sequences", 1), ("head_ids", 2), ("grow_layers", 0))
                     if getattr(self, name) is not None and not _int_at_least(getattr(self, name), low)]
         checks = [("lr", self.lr > 0, "> 0"), ("min_lr", 0 <= self.min_lr <= self.lr, "in [0, lr]"),
                   ("warmup_fraction", 0 <= self.warmup_fraction < 1, "in [0, 1)"),
@@ -100,6 +101,10 @@ class TrainConfig:
         if self.init_target_layers is not None and self.init_from is not None:
             # Both would set the draft's weights: one would silently overwrite the other.
             problems.append("`init_target_layers` and `init_from` both choose the starting weights; keep one")
+        if self.grow_layers and self.init_from is None:
+            # Growing needs a draft to grow: a fresh draft of num_draft_layers is what --layers alone trains.
+            problems.append("`grow_layers` appends layers to the `init_from` draft; set `init_from`, or drop "
+                            "`grow_layers` and set `num_draft_layers` for a fresh draft")
         problems += _data_problems(self.data_dirs)
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")

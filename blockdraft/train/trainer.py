@@ -43,6 +43,7 @@ from .data import Example, emitted_tokens, frequent_tokens
 from .evaluate import BlockMetrics, evaluate_teacher_forced
 from .feature_store import FeatureStore, store_dir, token_digest
 from .features import FeatureCache
+from .grow import grown_config, load_grown
 from .target_init import copy_target_layers
 from .forward import (BlockForward, autocast, feature_scale, freeze_target, head_weight, split_teacher,
                       target_features)
@@ -130,7 +131,8 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
 
 
 def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashDraftModel]:
-    """A fresh draft shaped like the target, or `init_from`'s; checked against the target before any step."""
+    """A fresh draft shaped like the target, or `init_from`'s (grown by `grow_layers`, grow.py); checked against the
+    target before any step."""
     provenance = provenance_for(target.config, target.tokenizer, target=target.name or None)
     if cfg.init_from is not None:
         draft_cfg, tensors = read_checkpoint(cfg.init_from, dtype=torch.float32)
@@ -138,7 +140,7 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
         # Before its provenance is replaced by this target's: a draft of another tokenizer or architecture would
         # continue on ids that mean other tokens. Checkpoints without fingerprints (published ones) pass.
         check_against_target(draft_cfg, target.config, target.tokenizer, strict=True)
-        draft_cfg = dataclasses.replace(draft_cfg, block_size=cfg.block_size)
+        draft_cfg = dataclasses.replace(grown_config(draft_cfg, cfg.grow_layers), block_size=cfg.block_size)
     else:
         mask = choose_mask_token_id(target.tokenizer, target.config, cfg.mask_token_id)
         draft_cfg = DraftConfig.for_target(target.config, cfg.num_draft_layers, cfg.block_size,
@@ -147,7 +149,9 @@ def _build_draft(target: Target, cfg: TrainConfig) -> tuple[DraftConfig, DFlashD
     for message in check_against_target(draft_cfg, target.config, target.tokenizer):
         warnings.warn(message, stacklevel=3)
     draft = DFlashDraftModel(draft_cfg)
-    if cfg.init_from is not None:
+    if cfg.init_from is not None and cfg.grow_layers:
+        load_grown(draft, tensors, seeded_generator(cfg.seed, -2))
+    elif cfg.init_from is not None:
         draft.load_state_dict(tensors, strict=True)
     else:
         draft.init_weights(0.02, generator=seeded_generator(cfg.seed, -2))
