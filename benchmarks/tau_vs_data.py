@@ -5,7 +5,7 @@
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
 last; hollow points are continuations that were measured and not shipped (from stage 9, and after the star one from
 stage 10, and stages 13 and 14 from stage 12); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the
-lineage's CPU-hours (it added none); stages 11 and 12 continue it on the CPU. x: the CPU-hours of
+lineage's CPU-hours (it added none); stages 11, 12 and 15 continue it on the CPU. x: the CPU-hours of
 training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
 response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
 HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
@@ -66,6 +66,12 @@ AFTER_GPU.append((160 + 106 + 54, 2_710_801 + 345_551, SHIPPED_AFTER_GPU["12"][2
 # Not shipped (MT-Bench lower by 0.002).
 AFTER_GPU.append((160 + 106 + 54 + 91, 2_710_801 + 537_536, SHIPPED_AFTER_GPU["12"][2] + 1.847 - 1.792,
                   SHIPPED_AFTER_GPU["12"][3] + 1.488 - 1.490, "14"))
+
+# Stage 15 (2026-12-04, Intel Xeon): stage 12 continued 105 minutes over cpu-a, cpu-b (greedy, trained on before stage
+# 10), cpu-s3 (its 537,536 new response tokens), cpu-code, gpu-b; beside stage 12 in one run (bf16: 1.939 / 1.526
+# against 1.906 / 1.479). Shipped.
+SHIPPED_AFTER_GPU["15"] = (160 + 106 + 105, 2_710_801 + 537_536, SHIPPED_AFTER_GPU["12"][2] + 1.939 - 1.906,
+                           SHIPPED_AFTER_GPU["12"][3] + 1.526 - 1.479)
 
 
 def lineage_hours() -> list[float]:
