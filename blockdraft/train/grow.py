@@ -8,8 +8,6 @@ computes what DRAFT computes, bit for bit, and keeps its acceptance. The first b
 those two projections (their gradient is the product of the branch's input and the residual's gradient), and the
 rest of the layer learns from the step after. Growing is how a CPU-trained lineage adds capacity without starting
 over: a fresh deeper draft would need the lineage's CPU-hours again to catch up.
-
-Shapes: D hidden, L tapped layers.
 """
 
 from __future__ import annotations
