@@ -1,19 +1,18 @@
-"""A fixed mmap threshold for glibc's heap in the long batch jobs (`train`, `features`, `data`).
+"""Giving the heap's free pages back during training (glibc's `malloc_trim`).
 
 glibc serves a request of at least its mmap threshold (128 KiB at start) from a mapping of its own, returned to the
 system on free. But each time such a block is freed, glibc raises the threshold to that block's size (up to 32 MiB),
 so from then on blocks of that size come from the heap instead. A training step's tensors change size with every
-batch's sequence lengths (activations of [4, S, 576], features of [S, 1152]): they land in the heap, their holes no
-longer fit the next step's sizes, and the heap grows without end. Measured (Intel Xeon model 167, 2 threads, two
-1-thread training runs over the feature stores side by side, `--compile auto`): anonymous memory 8.3 GB per run
-after 10 minutes and still rising 0.1-0.5 GB a minute, enough to exhaust 24 GB within the hour; with the threshold
-fixed at 128 KiB, 2.4-2.9 GB and flat (docs/history.md §19).
+batch's sequence lengths (activations of [4, S, 576], features of [S, 1152]): they land in the heap, and the holes
+they leave keep their pages, which the next steps' other sizes only partly reuse. Measured (Intel Xeon model 167,
+`benchmarks/heap_policy.py`, 1 thread, eager): a run's anonymous memory grew from 0.3 to 5.6 GB in 150 s; two
+compiled 1-thread runs side by side reached 8.3 GB each in 10 minutes and kept rising (docs/history.md §19).
 
-Setting the threshold with `mallopt` also turns its raising off, as `MALLOC_MMAP_THRESHOLD_` in the environment does;
-the trim threshold is set beside it so that the heap's free top goes back too. Nothing changes what is computed.
-Where the C library has no `mallopt` (macOS, Windows, musl's stub), nothing is done.
-
-No torch import here: the commands call it before they load anything.
+`trim()` after an optimizer step hands those free pages back (glibc walks the heap and releases every whole free
+page), so the run holds what it uses: 2.5 GB in the same 150 s. Keeping the threshold at 128 KiB instead
+(`MALLOC_MMAP_THRESHOLD_`) holds memory as low but maps and faults in every large tensor afresh, a third of the
+steps lost to the kernel. Nothing here changes what is computed. Where the C library has no `malloc_trim` (macOS,
+Windows, musl), nothing is done.
 """
 
 from __future__ import annotations
@@ -21,17 +20,14 @@ from __future__ import annotations
 import ctypes
 import sys
 
-THRESHOLD = 128 * 1024  # glibc's own starting value, now kept
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # malloc.h
 
-
-def fix_mmap_threshold(nbytes: int = THRESHOLD) -> bool:
-    """Keep glibc's mmap (and trim) threshold at `nbytes` for the rest of the process; True where that took."""
+def trim() -> bool:
+    """Give the heap's free pages back to the system; True where glibc released some."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # a C library without mallopt
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # a C library without it
         return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, nbytes)) and bool(mallopt(_M_TRIM_THRESHOLD, nbytes))
+    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return bool(malloc_trim(0))

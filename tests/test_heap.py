@@ -1,5 +1,5 @@
-"""heap.py: a block freed above glibc's mmap threshold must not raise it (else the next step's blocks of that
-size come from the heap, which then grows without end in a training run)."""
+"""heap.py: the pages of freed heap blocks go back to the system (else a training run's heap keeps the pages of
+every batch's differently sized tensors, and its memory grows without end)."""
 
 import ctypes
 import subprocess
@@ -7,50 +7,48 @@ import sys
 
 import pytest
 
-from blockdraft.heap import fix_mmap_threshold
+from blockdraft import heap
 
-# In a fresh interpreter: free a 4 MiB block (mmapped at glibc's start threshold of 128 KiB), then ask for 2 MiB and
-# print whether it was mmapped too (mallinfo2's count of mmapped blocks rose) or came from the heap.
+# In a fresh interpreter: 256 blocks of 1 MiB from the heap (the mmap threshold raised above them, as glibc does
+# itself once a large block is freed), written, then all but every 16th freed: holes between live blocks, which
+# glibc cannot shrink the heap's top over. Prints the anonymous memory released by the optional trim, in MiB.
 PROBE = """
 import ctypes, sys
-from blockdraft.heap import fix_mmap_threshold
-class Info(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+from blockdraft import heap
+def anon():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon:")) / 1024
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
-libc.mallinfo2.restype = Info
-if sys.argv[1] == "fixed":
-    assert fix_mmap_threshold()
-libc.free(libc.malloc(4 << 20))
-before = libc.mallinfo2().hblks
-block = libc.malloc(2 << 20)
-print("mmapped" if libc.mallinfo2().hblks == before + 1 else "heap")
-libc.free(block)
+libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
+blocks = [libc.malloc(1 << 20) for _ in range(256)]
+for block in blocks:
+    ctypes.memset(block, 1, 1 << 20)
+for i, block in enumerate(blocks):
+    if i % 16:
+        libc.free(block)
+before = anon()
+if sys.argv[1] == "trim":
+    assert heap.trim()
+print(round(before - anon()))
 """
 
-
-def _glibc_with_mallinfo2() -> bool:
-    try:
-        return sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "mallinfo2")
-    except OSError:
-        return False
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL(None), "malloc_trim"),
+                           reason="glibc only (malloc_trim)")
 
 
-def _where(mode: str) -> str:
+def _released_mib(mode: str) -> int:
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    return int(out.stdout.strip())
 
 
-@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc >= 2.33 only (mallinfo2)")
-def test_a_freed_large_block_no_longer_raises_the_threshold():
-    # The probe itself: without the fix glibc raises its threshold and serves the 2 MiB block from the heap.
-    assert _where("default") == "heap", "glibc no longer raises its mmap threshold: the probe sees nothing"
-    assert _where("fixed") == "mmapped", "after fix_mmap_threshold a freed 4 MiB block still raised the threshold"
+@glibc
+def test_trim_gives_freed_heap_pages_back():
+    # The probe itself: without a trim the holes keep their pages.
+    assert _released_mib("keep") < 16, "freed heap blocks gave their pages back by themselves: the probe sees nothing"
+    assert _released_mib("trim") > 160, "trim left the pages of 240 freed 1 MiB heap blocks in the process"
 
 
 def test_elsewhere_nothing_is_done(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert fix_mmap_threshold() is False
+    assert heap.trim() is False

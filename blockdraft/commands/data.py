@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from ..heap import fix_mmap_threshold
 from ..io.targets import load_target, parse_dtype
 from ..prompts import DEFAULT_TRAINING_SETS
 from .common import add_compute_arguments, layer_ids, set_compute
@@ -53,7 +52,6 @@ def run(args) -> int:
     from ..train.answers import Answers
     from ..train.regenerate import build_dataset
 
-    fix_mmap_threshold()  # tensors of changing sizes would grow the heap without end (heap.py)
     answers = Answers(args.answers, args.temperature, args.top_p)  # refused before the target loads
     if args.store_features is not None and not args.human_answers:
         raise InputError("--store-features writes the features of --human-answers' prefill; regenerated data gets "

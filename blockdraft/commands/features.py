@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import ConfigError
-from ..heap import fix_mmap_threshold
 from ..io.targets import load_target, parse_dtype
 from .common import add_compute_arguments, layer_ids, set_compute
 
@@ -48,7 +47,6 @@ def run(args) -> int:
     from ..train.feature_store import build_store, store_dir
     from ..train.data import shard_files
 
-    fix_mmap_threshold()  # tensors of changing sizes would grow the heap without end (heap.py)
     set_compute(args)
     if args.batch_tokens < 1:
         raise ConfigError(f"--batch-tokens must be positive, got {args.batch_tokens}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..heap import fix_mmap_threshold
 from ..io.targets import load_target, parse_dtype
 from .common import add_compute_arguments, layer_ids, set_compute
 
@@ -93,7 +92,6 @@ def run(args) -> int:
     from ..train.ranks import rank_device
     from ..train.trainer import TrainConfig, train
 
-    fix_mmap_threshold()  # tensors of changing sizes would grow the heap without end (heap.py)
     set_compute(args)
     if args.kd_weight is not None and args.loss != "kd":
         raise ConfigError("--kd-weight only applies with --loss kd; add --loss kd or drop --kd-weight")
