@@ -157,7 +157,7 @@ async def run_point(client: httpx.AsyncClient, model: str, prompts: list[list[di
     for task in finished:
         task.result()  # a bug in the loop itself surfaces here rather than as a silently short point
     wall = time_limit if pending else wall_time(timings)
-    after = await tau_counters(client)
+    after = await settled_tau_counters(client, before)
     return PointRun(timings, wall, point.requests - len(timings), bool(pending), _mean_tau(before, after))
 
 
@@ -203,6 +203,20 @@ async def tau_counters(client: httpx.AsyncClient) -> tuple[float, float] | None:
         if name in ("blockdraft_tau_sum", "blockdraft_tau_count"):
             values[name] = float(value)
     return (values["blockdraft_tau_sum"], values["blockdraft_tau_count"]) if len(values) == 2 else None
+
+
+async def settled_tau_counters(client: httpx.AsyncClient, before: tuple[float, float] | None,
+                               wait: float = 5.0) -> tuple[float, float] | None:
+    """`tau_counters` once the point's last batch is in them: a server adds a batch's steps after the decode loop
+    ends, just after its last row's final event, so a reading taken as the last response arrives can miss them
+    (seen on a busy 2-core machine: no steps at all for a point of two requests). Reads again every 50 ms, for at
+    most `wait` seconds, until the step count has moved past `before`'s."""
+    after = await tau_counters(client)
+    deadline = time.perf_counter() + wait
+    while after is not None and before is not None and after[1] <= before[1] and time.perf_counter() < deadline:
+        await asyncio.sleep(0.05)
+        after = await tau_counters(client)
+    return after
 
 
 def _mean_tau(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
