@@ -3,12 +3,13 @@
     python benchmarks/tau_vs_data.py [--out benchmarks/smollm2-tau-vs-data.png]
 
 Each filled point is one training stage of the shipped draft (stages 1-9, docs/history.md §4), each continuing the
-last; hollow points are continuations that were measured and not shipped (from stage 9, and after the star one from
-stage 10, and stages 13 and 14 from stage 12); the star is stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the
-lineage's CPU-hours (it added none); stages 11, 12 and 15 continue it on the CPU. x: the CPU-hours of
-training of the lineage up to that point (2 cores; data generation not counted), and the distinct target-regenerated
-response tokens of every data folder trained on; y: online greedy chain tau (K=8, 8 prompts, 128 new tokens) on
-HumanEval and MT-Bench first turns. Stages 3 and 4 were measured in float32 on another CPU, the rest in bf16.
+last; hollow points are continuations that were measured and not shipped (from stage 9; after the star one from
+stage 10, stages 13 and 14 from stage 12, and 2L and 3L from stage 15, continued and grown by a layer); the star is
+stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's CPU-hours (it added none); stages 11,
+12 and 15 continue it on the CPU. x: the CPU-hours of training of the lineage up to that point (2 cores; data
+generation not counted), and the distinct target-regenerated response tokens of every data folder trained on; y:
+online greedy chain tau (K=8, 8 prompts, 128 new tokens) on HumanEval and MT-Bench first turns. Stages 3 and 4 were
+measured in float32 on another CPU, the rest in bf16.
 The last lines print what the late slope says about the 2.0 / 1.7 targets.
 """
 
@@ -72,6 +73,13 @@ AFTER_GPU.append((160 + 106 + 54 + 91, 2_710_801 + 537_536, SHIPPED_AFTER_GPU["1
 # against 1.906 / 1.479). Shipped.
 SHIPPED_AFTER_GPU["15"] = (160 + 106 + 105, 2_710_801 + 537_536, SHIPPED_AFTER_GPU["12"][2] + 1.939 - 1.906,
                            SHIPPED_AFTER_GPU["12"][3] + 1.526 - 1.479)
+
+# 2026-12-06 (Intel Xeon): stage 15 continued as it is and grown by a third layer, side by side on 1 thread each for
+# 75 minutes (38 minutes of the 2-core machine each) over cpu-a and cpu-b (no new text); beside stage 15 in one run
+# (bf16: 1.963 / 1.523 and 1.943 / 1.526 against 1.939 / 1.526). Neither shipped.
+for label, humaneval, mt_bench in (("2L", 1.963, 1.523), ("3L", 1.943, 1.526)):
+    AFTER_GPU.append((160 + 106 + 105 + 38, 2_710_801 + 537_536, SHIPPED_AFTER_GPU["15"][2] + humaneval - 1.939,
+                      SHIPPED_AFTER_GPU["15"][3] + mt_bench - 1.526, label))
 
 
 def lineage_hours() -> list[float]:
