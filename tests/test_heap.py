@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
+import blockdraft.train.trainer as trainer
 from blockdraft import heap
+
+from conftest import config, tiny_target, write_data
 
 # In a fresh interpreter: 256 blocks of 1 MiB from the heap (the mmap threshold raised above them, as glibc does
 # itself once a large block is freed), written, then all but every 16th freed: holes between live blocks, which
@@ -52,3 +55,13 @@ def test_trim_gives_freed_heap_pages_back():
 def test_elsewhere_nothing_is_done(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     assert heap.trim() is False
+
+
+def test_the_heap_is_trimmed_every_few_steps(tmp_path, monkeypatch):
+    # Untrimmed, a long run's heap keeps the pages of every batch's differently sized tensors (heap.py).
+    calls = []
+    monkeypatch.setattr(trainer.heap, "trim", lambda: calls.append(True))
+    monkeypatch.setattr(trainer, "TRIM_EVERY", 2)
+    write_data(tmp_path / "data", count=4)
+    trainer.train(tiny_target("llama"), config(tmp_path, max_steps=5, batch_size=1))
+    assert len(calls) == 2, f"steps 2 and 4 of 5 trim the heap, got {len(calls)} trims"

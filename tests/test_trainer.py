@@ -185,18 +185,6 @@ def test_feature_cache_runs_the_target_once_per_sequence_and_changes_nothing(tmp
         [json.loads(l) for l in open(cached / "metrics.jsonl")][-1]["loss"], rel=1e-5)
 
 
-def test_the_heap_is_trimmed_every_few_steps(tmp_path, monkeypatch):
-    # Untrimmed, a long run's heap keeps the pages of every batch's differently sized tensors (heap.py).
-    import blockdraft.train.trainer as trainer
-
-    calls = []
-    monkeypatch.setattr(trainer.heap, "trim", lambda: calls.append(True))
-    monkeypatch.setattr(trainer, "TRIM_EVERY", 2)
-    write_data(tmp_path / "data", count=4)
-    train(tiny_target("llama"), config(tmp_path, max_steps=5, batch_size=1))
-    assert len(calls) == 2, f"steps 2 and 4 of 5 trim the heap, got {len(calls)} trims"
-
-
 def test_steps_without_anchors_are_skipped(tmp_path):
     # Three of four examples have no response: at one example a step, three steps of four have W = 0.
     write_data(tmp_path / "data", count=4, empty=(0, 1, 2))
