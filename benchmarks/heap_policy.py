@@ -27,7 +27,7 @@ SHIPPED = "blockdraft/drafts/smollm2-135m-instruct"
 
 # Runs in the child: choose the policy, sample memory in a thread, train, print one JSON line.
 CHILD = r"""
-import json, os, sys, threading, time
+import json, os, sys, threading
 import blockdraft.heap as heap
 import blockdraft.train.trainer as trainer
 policy, argv = sys.argv[1], sys.argv[2:]
