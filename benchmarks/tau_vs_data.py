@@ -82,6 +82,14 @@ for label, humaneval, mt_bench in (("2L", 1.963, 1.523), ("3L", 1.943, 1.526)):
                       SHIPPED_AFTER_GPU["15"][3] + mt_bench - 1.526, label))
 
 
+# Stage 16 (2026-12-06, the same Intel Xeon): stage 15 continued 75 minutes (2 threads) over new text, the human
+# answers of human-b (374,528 answer tokens, contexts of up to 1,024 tokens) and the last 1,350 of human-a (243,293),
+# beside the rest of human-a and the greedy cpu-a and cpu-b; beside stage 15 in one run (bf16: 1.975 / 1.530 against
+# 1.939 / 1.526). Shipped.
+SHIPPED_AFTER_GPU["16"] = (160 + 106 + 105 + 75, 2_710_801 + 537_536 + 374_528 + 243_293,
+                           SHIPPED_AFTER_GPU["15"][2] + 1.975 - 1.939, SHIPPED_AFTER_GPU["15"][3] + 1.530 - 1.526)
+
+
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
     for minutes, *_ in STAGES.values():
