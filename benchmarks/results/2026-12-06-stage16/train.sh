@@ -2,6 +2,8 @@
 # Stage 15 (the shipped draft) continued over new text: the human answers no stage has trained on (human-b, with
 # contexts of up to 1,024 tokens, and the last 1,350 of human-a) beside the rest of human-a and the greedy folders
 # cpu-a and cpu-b, in a new data order (--seed 6), the stage-15 recipe, 2 threads, for 4,500 s of training.
+# Stage 16 read human-b's first 37 shards (data-00000 to data-00036); the folder has grown since, so move the later
+# shards and their store files aside to train on the same answers.
 # Builds the feature stores first (a shard whose store file exists is skipped; human-b and human-a took 8 + 17
 # minutes on a 2-core Xeon, cpu-b and cpu-a 6 + 29).
 cd /work/main && . .venv/bin/activate
