@@ -1,6 +1,6 @@
 """What a GPU window needs prepared here, once: the target's GGUF in parts and the gguf wheel (`split`), the prompt
-extracts it carries (`prep`), the greedy reference it checks the target against (`reference`), and the device
-calls (`plan`). lab/gpu_train.py runs these modes.
+extracts it carries (`prep`), the greedy reference it checks the target against (`reference`), the device
+calls (`plan`), and a tree light enough to travel (`light`, undone by `restore`). lab/gpu_train.py runs these modes.
 """
 
 from __future__ import annotations
@@ -96,16 +96,65 @@ def write_prompts(args) -> int:
     return 0
 
 
-def _exclude(folder: Path) -> None:
-    """Keep `folder` out of git (it travels to the device through `carry`, not as an untracked file)."""
-    if not folder.resolve().is_relative_to(REPO):
+def _exclude(folder: Path, whole: bool = False) -> None:
+    """Keep `folder` out of git (it travels to the device through `carry`, not as an untracked file): its top
+    folder, or the folder itself where `whole`."""
+    if not folder.resolve().is_relative_to(REPO.resolve()):
         return
-    top = folder.resolve().relative_to(REPO).parts[0]
+    parts = folder.resolve().relative_to(REPO.resolve()).parts
+    line = "/" + "/".join(parts if whole else parts[:1]) + "/"
     exclude = REPO / ".git" / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     lines = exclude.read_text().splitlines() if exclude.is_file() else []
-    if f"/{top}/" not in lines:
-        exclude.write_text("\n".join([*lines, f"/{top}/"]) + "\n")
+    if line not in lines:
+        exclude.write_text("\n".join([*lines, line]) + "\n")
+
+
+LIGHT_LIST = Path(".git") / "blockdraft-light"  # the folders `light` took out of the index, one a line
+
+
+def data_folders() -> list[str]:
+    """The committed `blockdraft data` folders (datasets/<target>/<name>), as git names them."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "datasets"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    return sorted({"/".join(name.split("/")[:3]) for name in listed if name.count("/") >= 3})
+
+
+def travel_light(args) -> int:
+    """Take the committed data folders the window does not carry (all but --keep) out of git's index and into
+    .git/info/exclude, so that what every device call sends fits its 64 MiB: their files stay on disk, and
+    `restore` puts them back. Until then git counts them as deleted, so restore before any commit."""
+    committed = {(REPO / name).resolve(): name for name in data_folders()}
+    keep = {(REPO / folder).resolve() for folder in args.keep}
+    drop = [name for path, name in committed.items() if path not in keep]
+    missing = [str(folder) for folder in args.keep if (REPO / folder).resolve() not in committed]
+    if missing:
+        print(f"not a committed data folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if drop:
+        subprocess.run(["git", "rm", "-r", "-q", "--cached", "--", *drop], cwd=REPO, check=True)
+        for name in drop:
+            _exclude(REPO / name, whole=True)
+        listed = REPO / LIGHT_LIST
+        old = listed.read_text().splitlines() if listed.is_file() else []
+        listed.write_text("\n".join(dict.fromkeys([*old, *drop])) + "\n")
+    print(f"out of the index until `gpu_train.sh restore`: {', '.join(drop) or 'nothing'}; "
+          f"{_travelling_bytes() / MIB:.1f} MiB travel in every call")
+    return 0
+
+
+def restore(args) -> int:
+    """Put back what `light` took out of the index, and its lines of .git/info/exclude."""
+    listed = REPO / LIGHT_LIST
+    folders = listed.read_text().split() if listed.is_file() else []
+    if folders:
+        subprocess.run(["git", "reset", "-q", "--", *folders], cwd=REPO, check=True)
+        exclude = REPO / ".git" / "info" / "exclude"
+        lines = [line for line in exclude.read_text().splitlines() if line.strip("/") not in folders]
+        exclude.write_text("".join(f"{line}\n" for line in lines))
+    listed.unlink(missing_ok=True)
+    print(f"back in the index: {', '.join(folders) or 'nothing'}")
+    return 0
 
 
 def write_reference(args) -> int:
@@ -135,7 +184,7 @@ def print_plan(run_options: list[str], options, seconds: float) -> int:
     base = _travelling_bytes()
     for number, (command, carry, timeout) in enumerate(calls, 1):
         size = (base + sum(_bytes(REPO / p) for p in carry)) / 2**20
-        warning = "  OVER THE 64 MiB LIMIT" if size > 64 else ""
+        warning = "  OVER THE 64 MiB LIMIT: `gpu_train.sh light --keep FOLDER ...` first" if size > 64 else ""
         print(f"call {number}: run(command={json.dumps(command)}, carry={json.dumps(carry)}, "
               f"timeout_s={timeout})   # {size:.1f} MiB travel{warning}")
     device = 120 + 30 * (n - 1) + seconds + 30

@@ -3,6 +3,8 @@
 
 Here, once:   gpu_train.sh split             (the GGUF in parts: .gpu_1 .. .gpu_N, and the gguf wheel: .whl)
               gpu_train.sh prep              (prompt extracts: .gpudata/prompts/{train,eval}/*.jsonl)
+              gpu_train.sh light --keep FOLDER ...   (the data folders not carried leave git's index: the tree
+                                             fits a call; `gpu_train.sh restore` after the window)
               gpu_train.sh plan [RUN OPTIONS]   (the device calls: command, carry and timeout of each)
 On the device, back to back (an idle machine goes back after ~30 s, with its /tmp):
               gpu_train.sh part I            (calls 1 .. N: copy part I to --parts-dir)
@@ -29,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check import RETURN_LIMIT, Refused, check, check_sha256, install_wheels, join_parts  # noqa: E402
 from gpu_geometry import choose, geometries, mean_tau  # noqa: E402
-from gpu_prep import REPO, gpu_folders, print_plan, split_target, write_prompts, write_reference  # noqa: E402
+from gpu_prep import (REPO, gpu_folders, print_plan, restore, split_target, travel_light, write_prompts,  # noqa: E402
+                      write_reference)
 from gpu_stages import (Beside, Log, Summary, bench_command, eval_command, free_gpu_memory,  # noqa: E402
                         generate_data, pack_data, recover_draft, returned_files, tail, train_command,
                         train_metrics)
@@ -56,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--per-set", type=int, default=None, help="at most this many prompts of each training set")
     reference = sub.add_parser("reference", help="write the greedy reference tokens (CPU, float32)")
     reference.add_argument("--reference", type=Path, default=Path("lab/gpu_reference.json"))
+    light = sub.add_parser("light", help="take the data folders the window does not carry out of git's index")
+    light.add_argument("--keep", type=Path, action="append", default=[], help="a data folder the window carries")
+    sub.add_parser("restore", help="put back what `light` took out of the index")
     sub.add_parser("plan", help="print the device calls; options after it go to `run`")
     run = sub.add_parser("run", help="join, check, data, train, eval, bench (the last device call)",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -67,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "plan":
         options = run.parse_args(["--out", "unused", *args.run_options])
         return print_plan(args.run_options, options, window_seconds(options))
-    modes = {"split": split_target, "part": copy_part, "prep": write_prompts, "reference": write_reference, "run": run_window}
+    modes = {"split": split_target, "part": copy_part, "prep": write_prompts, "reference": write_reference,
+             "light": travel_light, "restore": restore, "run": run_window}
     return modes[args.mode](args)
 
 
