@@ -247,34 +247,6 @@ def dry_run(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
 
 
-def test_light_takes_the_folders_not_carried_out_of_what_travels_and_restore_puts_them_back(tmp_path,
-                                                                                          monkeypatch):
-    from types import SimpleNamespace
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, check=True, text=True).stdout
-
-    git("init", "-q")
-    for name in ("cpu-a", "human-a", "human-b"):
-        folder = tmp_path / "datasets" / "t" / name
-        folder.mkdir(parents=True)
-        (folder / "data-00000.safetensors").write_bytes(b"x" * 1000)
-    (tmp_path / "README.md").write_text("r\n")
-    git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "data")
-    monkeypatch.setattr(gpu_prep, "REPO", tmp_path)
-    before = gpu_prep._travelling_bytes()
-    assert gpu_prep.travel_light(SimpleNamespace(keep=[Path("datasets/t/cpu-a")])) == 0
-    assert gpu_prep._travelling_bytes() == before - 2000, "the two folders not kept no longer travel"
-    assert (tmp_path / "datasets/t/human-b/data-00000.safetensors").is_file(), "their files stay on disk"
-    assert gpu_prep.data_folders() == ["datasets/t/cpu-a"]
-    assert gpu_prep.travel_light(SimpleNamespace(keep=[Path("datasets/t/nope")])) == 2, "an unknown folder"
-    assert gpu_prep.restore(SimpleNamespace()) == 0
-    assert gpu_prep._travelling_bytes() == before
-    assert git("status", "--porcelain") == "", "the index and the exclude file are as they were"
-    assert gpu_prep.data_folders() == ["datasets/t/cpu-a", "datasets/t/human-a", "datasets/t/human-b"]
-
-
 @pytest.mark.slow
 @needs_smollm2
 def test_dry_run_on_cpu_returns_a_draft_that_loads_with_eval_and_bench(tmp_path):
