@@ -6,7 +6,7 @@ Each filled point is one training stage of the shipped draft (stages 1-9, docs/h
 last; hollow points are continuations that were measured and not shipped (from stage 9; after the star one from
 stage 10, stages 13 and 14 from stage 12, and 2L and 3L from stage 15, continued and grown by a layer); the star is
 stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's CPU-hours (it added none); stages 11,
-12, 15, 16 and 17 continue it on the CPU. x: the CPU-hours of training of the lineage up to that point (2 cores; data
+12 and 15-18 continue it on the CPU. x: the CPU-hours of training of the lineage up to that point (2 cores; data
 generation not counted), and the distinct target-regenerated response tokens of every data folder trained on; y:
 online greedy chain tau (K=8, 8 prompts, 128 new tokens) on HumanEval and MT-Bench first turns. Stages 3 and 4 were
 measured in float32 on another CPU, the rest in bf16.
@@ -95,6 +95,13 @@ SHIPPED_AFTER_GPU["16"] = (160 + 106 + 105 + 75, 2_710_801 + 537_536 + 374_528 +
 # in one run (bf16: 1.982 / 1.549 against 1.975 / 1.530). Shipped.
 SHIPPED_AFTER_GPU["17"] = (160 + 106 + 105 + 75 + 90, SHIPPED_AFTER_GPU["16"][1] + 771_859,
                            SHIPPED_AFTER_GPU["16"][2] + 1.982 - 1.975, SHIPPED_AFTER_GPU["16"][3] + 1.549 - 1.530)
+
+
+# Stage 18 (2026-12-06, the same Intel Xeon): stage 17 continued 90 minutes (2 threads) over the last 1,856 human answers
+# of human-b (441,036 answer tokens) and human-c's 1,728 (319,888, contexts of up to 2,048 tokens) beside the rest;
+# beside stage 17 in one run (bf16: 1.985 / 1.568 against 1.982 / 1.549). Shipped.
+SHIPPED_AFTER_GPU["18"] = (160 + 106 + 105 + 75 + 90 + 90, SHIPPED_AFTER_GPU["17"][1] + 441_036 + 319_888,
+                           SHIPPED_AFTER_GPU["17"][2] + 1.985 - 1.982, SHIPPED_AFTER_GPU["17"][3] + 1.568 - 1.549)
 
 
 def lineage_hours() -> list[float]:
