@@ -10,7 +10,8 @@ steps, the tokens they committed, their measured seconds against what the cost m
 tokens per second against plain steps'; for drafted steps also the tokens the policy expected (its E(w) when it
 chose) against the tokens they returned. A drafted step pays only where its tokens per second beat a plain step's:
 where it does not, the line says whether the cost model priced it too cheap or the policy expected too many tokens.
-The target alone decodes each prompt just before the default mode does (its tok/s is printed beside). The last line is one JSON object.
+The target alone decodes each prompt just before the default mode does (its tok/s is printed beside).
+The last line is one JSON object.
 """
 
 from __future__ import annotations
