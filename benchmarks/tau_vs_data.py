@@ -6,7 +6,7 @@ Each filled point is one training stage of the shipped draft (stages 1-9, docs/h
 last; hollow points are continuations that were measured and not shipped (from stage 9; after the star one from
 stage 10, stages 13 and 14 from stage 12, and 2L and 3L from stage 15, continued and grown by a layer); the star is
 stage 10, 7 minutes on one GPU (docs/training.md §8.3), drawn at the lineage's CPU-hours (it added none); stages 11,
-12 and 15-18 continue it on the CPU. x: the CPU-hours of training of the lineage up to that point (2 cores; data
+12 and 15-19 continue it on the CPU. x: the CPU-hours of training of the lineage up to that point (2 cores; data
 generation not counted), and the distinct target-regenerated response tokens of every data folder trained on; y:
 online greedy chain tau (K=8, 8 prompts, 128 new tokens) on HumanEval and MT-Bench first turns. Stages 3 and 4 were
 measured in float32 on another CPU, the rest in bf16.
@@ -102,6 +102,13 @@ SHIPPED_AFTER_GPU["17"] = (160 + 106 + 105 + 75 + 90, SHIPPED_AFTER_GPU["16"][1]
 # beside stage 17 in one run (bf16: 1.985 / 1.568 against 1.982 / 1.549). Shipped.
 SHIPPED_AFTER_GPU["18"] = (160 + 106 + 105 + 75 + 90 + 90, SHIPPED_AFTER_GPU["17"][1] + 441_036 + 319_888,
                            SHIPPED_AFTER_GPU["17"][2] + 1.985 - 1.982, SHIPPED_AFTER_GPU["17"][3] + 1.568 - 1.549)
+
+
+# Stage 19 (2026-12-06, the same Intel Xeon): stage 18 continued 90 minutes (2 threads; 2,717 steps, evaluations ran
+# beside its first 50 minutes) over human-c's 1,536 answers no stage had seen (315,193 answer tokens) beside the rest;
+# beside stage 18 in one run (bf16: 2.000 / 1.597 against 1.985 / 1.568). Shipped.
+SHIPPED_AFTER_GPU["19"] = (160 + 106 + 105 + 75 + 90 + 90 + 90, SHIPPED_AFTER_GPU["18"][1] + 315_193,
+                           SHIPPED_AFTER_GPU["18"][2] + 2.000 - 1.985, SHIPPED_AFTER_GPU["18"][3] + 1.597 - 1.568)
 
 
 def lineage_hours() -> list[float]:
