@@ -139,8 +139,10 @@ class Drafter:
     def _logits(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, slots: int | None = None):
         """Draft logits float32 for block slots 1..n (n = `slots`, default K-1), given anchors [B] at positions
         [B] -> (logits [B, n, V] and None, or logits [B, n, N'] over the proposal vocabulary and its ids [N']).
-        The draft always runs the whole block, as trained; only the LM head, which costs as much as the rest of
-        the draft, is limited to the slots that will be verified.
+        The draft always runs the whole block, as trained; only the LM head, a third of the forward at one
+        slot (q4), is limited to the slots that will be verified. A block cut to those slots saved a tenth of the
+        forward and cost a sixth of the first slot's acceptance on HumanEval (0.52 against 0.62;
+        benchmarks/results/2026-12-06-stage19/).
 
         The context cache must already hold positions 0..anchor_position-1 of every row.
         """

@@ -15,7 +15,9 @@ runners-up. A tree spends the verify width on the likeliest of them. Terms:
 Nodes are chosen best-first by the draft's path probability, the product of q_d(token) over the path (q_d:
 the draft's distribution for slot d; DFlash drafts all slots in parallel, so q_d does not depend on the
 guesses before it). Best-first order makes the first w nodes of a tree the tree of w nodes: a parent always
-comes before its children, and one step of width W tells what every width w <= W would have accepted.
+comes before its children, and one step of width W tells what every width w <= W would have accepted. The
+draft's own log-probs rank best: tempered (/0.7, /1.5) or with a bonus per depth (+-0.3), trees of 8 nodes
+accepted less on HumanEval (benchmarks/results/2026-12-06-stage19/).
 
 Shapes: B rows, N nodes (anchor included), n draft slots, k candidates per slot, V vocabulary.
 """
