@@ -111,6 +111,13 @@ SHIPPED_AFTER_GPU["19"] = (160 + 106 + 105 + 75 + 90 + 90 + 90, SHIPPED_AFTER_GP
                            SHIPPED_AFTER_GPU["18"][2] + 2.000 - 1.985, SHIPPED_AFTER_GPU["18"][3] + 1.597 - 1.568)
 
 
+# Stage 20 (2026-12-06, the same Intel Xeon): stage 19 continued 80 minutes (2 threads; 2,606 steps, nothing beside it)
+# over human-c's last 736 answers (143,321 answer tokens) beside the rest; beside stage 19 in one run (bf16: 2.018 /
+# 1.615 against 2.000 / 1.597). Shipped.
+SHIPPED_AFTER_GPU["20"] = (160 + 106 + 105 + 75 + 90 + 90 + 90 + 80, SHIPPED_AFTER_GPU["19"][1] + 143_321,
+                           SHIPPED_AFTER_GPU["19"][2] + 2.018 - 2.000, SHIPPED_AFTER_GPU["19"][3] + 1.615 - 1.597)
+
+
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
     for minutes, *_ in STAGES.values():
