@@ -194,10 +194,10 @@ def test_runs_are_looked_up_only_when_a_graft_may_pay():
         for policy in lookup.strength_policies:
             policy.record(8, [0])
     lookup.since_graft = 0
-    assert proposer._graft_runs(state, 1) == (None, 0) and lookup.calls == 0, "a graft that cannot pay"
+    assert proposer._graft_runs(state, 1) == (None, 0, 1) and lookup.calls == 0, "a graft that cannot pay"
     lookup.since_graft = 1000  # a re-try is due: the runs are looked up and grafted whole
-    found, graft = proposer._graft_runs(state, 1)
-    assert lookup.calls == 1 and found[0][0, :2].tolist() == [3, 1] and graft == int(found[1][0])
+    found, graft, width = proposer._graft_runs(state, 1)
+    assert lookup.calls == 1 and found[0][0, :2].tolist() == [3, 1] and graft == int(found[1][0]) and width == 1
 
 
 def test_lookup_steps_at_every_width_keep_greedy_exact():

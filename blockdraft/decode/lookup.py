@@ -185,9 +185,14 @@ class PromptLookup:
         nothing and one more a whole block) and drafting's margin to win. Where E* is 0 for long, a re-try
         verifies the likeliest candidate alone, as often as `explore_budget` allows. A fixed-width draft policy
         cannot price it: whole runs."""
+        return self.ragged_plan(draft_policy, runs, rows)[0]
+
+    def ragged_plan(self, draft_policy, runs: list[int], rows: int) -> tuple[list[int], float]:
+        """(`ragged_lengths`, the expected tokens per second of that ragged step; 0.0 where no run is verified or
+        a fixed-width draft policy cannot price it)."""
         costs = getattr(draft_policy, "costs", None)
         if not isinstance(draft_policy, AdaptiveWidth) or costs is None:
-            return [0 if policy is None else run for policy, run in zip(self.row_policies, runs)]
+            return [0 if policy is None else run for policy, run in zip(self.row_policies, runs)], 0.0
         reach: dict = {}  # policy -> P(slots 1..j all accepted), j = 1..W-1
         candidates = []  # (probability, row, slot)
         for row, (policy, run) in enumerate(zip(self.row_policies, runs)):
@@ -211,7 +216,19 @@ class PromptLookup:
         lengths = [0] * len(runs)
         for _, row, _ in candidates[:best]:
             lengths[row] += 1
-        return lengths
+        rate = (rows + sum(c[0] for c in candidates[:best])) / costs.ragged_seconds(rows, best) if best else 0.0
+        return lengths, rate
+
+    def graft_rate(self, draft_policy, width: int, available: int, rows: int = 1,
+                   runs: list[int] | None = None) -> float:
+        """The expected tokens per second of the draft's tree of `width` nodes with the best graft of the runs
+        found last (`graft_length`'s choice, re-tries of whole runs aside); without a graft that pays, the tree's
+        own rate."""
+        policy = self.current
+        if not isinstance(draft_policy, AdaptiveWidth) or not isinstance(policy, AdaptiveWidth):
+            return 0.0
+        whole = min(available, self.width - 1)
+        return self._plan_graft(policy, draft_policy, width, available, rows, whole, (whole,))[2][2]
 
     def may_graft(self, draft_policy, width: int, rows: int = 1) -> bool:
         """Whether some source's full-length run would be grafted (asked before searching: a lookup over every
