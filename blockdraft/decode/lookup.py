@@ -1,30 +1,17 @@
 """Prompt-lookup blocks: continue the context from where its last few tokens occurred before.
 
-Answers that quote their context (constraint lists, code that reuses the prompt's names, rewrites of a given
-text) repeat spans of it verbatim. The draft sees the context only through the target's features and misses
-many of those runs; a lookup proposes them outright: the tokens that followed the earlier occurrence of the
-row's last `min_ngram` tokens that shares the longest suffix with the row (up to `max_ngram` tokens; the most
-recent among equals).
+Answers that quote their context (constraint lists, code that reuses the prompt's names) repeat spans of it
+verbatim, which the draft, seeing the context only through the target's features, often misses. A lookup proposes
+the tokens that followed the earlier occurrence of the row's last `min_ngram` tokens sharing the longest suffix
+with the row (up to `max_ngram`; the most recent among equals). Verified like any block, so greedy output stays
+the target's own; under sampling a lookup proposal is a point mass (q = one-hot), exact (docs/design.md §3).
 
-A lookup block is verified like any block, so greedy output stays the target's own. Under sampling a lookup
-proposal is a point mass, q = one-hot, for which rejection sampling is exact (docs/design.md §3): the token is
-accepted with probability p(token), and a rejection draws from p with that token removed.
-
-With token trees (tree.py), the lookup does not compete with the draft: each row's continuation is grafted
-onto the draft's tree as one more path from the anchor (`tree.build_grafted_tree`), so one verify tries both
-and keeps whichever the target agrees with further. `graft_length` sets how many looked-up tokens to graft,
-weighing what grafted runs have been accepted against what one more verified position costs.
-
-Without trees, `PromptLookup` decides step by step whether the draft's block or a lookup block is verified.
-Each source has its own width policy (policy.py), which learns that source's acceptance and prices its steps
-with the cost model (costs.py); a lookup step is taken when every live row has a match and the lookup's best expected rate is at least the
-draft's. A lookup step does not run the draft: like a plain step, it leaves the draft's pending context for
-the next drafted step.
-
-Where a row's context holds no earlier occurrence, a draft's n-gram table (ngrams.py) may supply the run: what the
-target wrote after that context in its training answers. Its acceptance is learnt by a policy of its own.
-
-The search itself (continuation.py) is NumPy over each row's context.
+With token trees (tree.py) each row's run is grafted onto the draft's tree (`graft_length`: how many tokens), or
+verified alone on a plain step where that commits faster (`ragged_lengths`, `ragged_plan`; docs/design.md §9).
+Without trees, a lookup block replaces the draft's when every live row has a match and the lookup's own width
+policy (policy.py) expects a rate at least the draft's; it does not run the draft, whose pending context waits.
+Where the context holds no earlier occurrence, the draft's n-gram table (ngrams.py) may supply the run, its
+acceptance learnt by a policy of its own. The search itself (continuation.py) is NumPy over each row's context.
 
 Shapes: B live rows, C token capacity, n proposals.
 """
