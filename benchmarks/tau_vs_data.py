@@ -118,6 +118,12 @@ SHIPPED_AFTER_GPU["20"] = (160 + 106 + 105 + 75 + 90 + 90 + 90 + 80, SHIPPED_AFT
                            SHIPPED_AFTER_GPU["19"][2] + 2.018 - 2.000, SHIPPED_AFTER_GPU["19"][3] + 1.615 - 1.597)
 
 
+# Stage 21 (2026-12-06, the same Intel Xeon): stage 20 continued 110 minutes (2 threads; 3,188 steps, nothing beside
+# it) over human-d's 1,600 answers (303,185 answer tokens) beside the rest; beside stage 20 in one run (bf16: 2.026 /
+# 1.633 against 2.018 / 1.615). Shipped.
+SHIPPED_AFTER_GPU["21"] = (160 + 106 + 105 + 75 + 90 + 90 + 90 + 80 + 110, SHIPPED_AFTER_GPU["20"][1] + 303_185,
+                           SHIPPED_AFTER_GPU["20"][2] + 2.026 - 2.018, SHIPPED_AFTER_GPU["20"][3] + 1.633 - 1.615)
+
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
     for minutes, *_ in STAGES.values():
