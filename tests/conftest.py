@@ -120,7 +120,7 @@ def proposer(target: Target, draft, preset: str = "chain", *, rows: int = 1, cos
 
 
 def own_proposer(target: Target, draft, policy, lookup=None, *, tree: bool = False, block_size: int | None = None):
-    """A proposer of a test's own width policy (CyclingWidth, a Stopwatch) and lookup (AlternatingLookup, a
+    """A proposer of a test's own width policy (CyclingWidth) and lookup (AlternatingLookup, a
     PromptLookup it inspects afterwards), over the draft's runner as a Decoder builds it; the target alone without
     a draft."""
     from blockdraft.decode.decoder import Decoder

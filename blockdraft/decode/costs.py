@@ -3,15 +3,20 @@
 The width policy (policy.py) weighs each width's expected tokens against what a step of that width costs. It
 never reads a live clock: in 16-bit floats a K-row verify rounds near-ties differently from a narrower one, so
 widths chosen from wall-clock times would make the same request give different text from run to run
-(docs/design.md §14). Instead a `CostModel` is measured once, from a few fixed-width steps per width and
-batch-size bucket before the first decode that needs them (`measure_costs`), and kept for the process and on
-disk (`cache_root()/costs`, one JSON file per key), keyed by the target, the draft, dtype, device, threads and
-torch version: the same request then chooses the same widths in every run on that machine. Each width is priced
-by its fastest step, which other jobs on the machine cannot make look slower; a cache read from disk is checked
-against a few plain steps timed at load at every batch size it holds and, where it no longer fits, a
-warning says so (`stale_cache_note`).
-`--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model of their
-own (`linear_costs`).
+(docs/design.md §14). Instead a `CostModel` is measured once, before the first decode that needs it, per
+batch-size bucket (`measure_costs`), and kept for the process and on disk (`cache_root()/costs`, one JSON file per
+key), keyed by the target, the draft, dtype, device, threads and torch version: the same request then chooses the
+same widths in every run on that machine.
+
+Every kind of step (plain, each drafted width, each count of a ragged step's extra positions) is timed in turn,
+step after step, in one decode, so that every kind meets the machine's slow and fast spells alike. A kind's cost
+in plain steps is the median, over the cycles, of its step's seconds over the plain step's of the same cycle: a
+spell of another job or of a faster clock slows or speeds both alike, and a step that ran alone in a spell counts
+once among many. The plain step is priced by its fastest, which other jobs cannot make look slower, and every
+other kind at that times its cost in plain steps. A cache read from disk is checked against a few plain steps
+timed at load at every batch size it holds and, where it no longer fits, a warning says so (`stale_cache_note`).
+`--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model of their own
+(`linear_costs`).
 
 Step times depend on how many rows a step decodes, so every table is kept per batch-size bucket (1, 2, 4, 8,
 ...; `batch_bucket`); a bucket not measured borrows the nearest measured one.
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,14 +34,14 @@ import torch
 
 from ..hardware import cpu_name
 
-ROUNDS = 3  # every width is timed once per round, the rounds one after another (see measure_costs)
-STEPS_PER_ROUND = 3  # timed steps of each width per round (after WARM_STEPS untimed ones); the fastest counts
+ROUNDS = 3  # decodes that each take every kind in turn (see measure_costs), one after another
+STEPS_PER_ROUND = 5  # timed cycles of every kind per round (after WARM_STEPS untimed ones)
 WARM_STEPS = 2  # a first step of a shape pays one-off costs (allocation, kernel selection)
 EXTRA_ROUNDS = 3  # at most this many more rounds where a drafted width timed faster than a plain step (see below)
-PROMPT_LENGTH = 64  # positions of the synthetic prompt the steps are timed on
-# Ragged steps are timed over a longer one: their extra positions attend over the context, and a served answer's is
-# a few hundred positions (over 320 positions 4 more positions of 8 q4 rows cost 8.6 ms, over 64 5.6 ms)
-RAGGED_PROMPT_LENGTH = 256
+# Positions of the synthetic prompt the steps are timed on: a served answer's context is a few hundred positions,
+# and the extra positions of a step attend over it (over 320 positions 4 more positions of 8 q4 rows cost 8.6 ms,
+# over 64 5.6 ms)
+PROMPT_LENGTH = 256
 
 
 def batch_bucket(rows: int) -> int:
@@ -94,8 +99,7 @@ class CostModel:
 
     def ragged_seconds(self, rows: int, extra: int) -> float:
         """Expected seconds of a plain step over `rows` rows that verifies `extra` more positions between them (a
-        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`, 0 included, over a longer prompt
-        than the other steps), read off the straight line between them (beyond the last: its slope); the products
+        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`; 0: the plain step), read off the straight line between them (beyond the last: its slope); the products
         of an int4 target run rows in blocks (1-4, 5-8, 9-12, ... cost alike at SmolLM2's widths on an EPYC), so a
         step's cost is not linear in its rows."""
         key = ("ragged", rows, extra)
@@ -160,79 +164,73 @@ def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 
     return CostModel({b: plain for b in buckets}, {b: dict(drafted) for b in buckets})
 
 
-RAGGED_EXTRA = (0, 1, 2, 4, 8, 16)  # extra positions a ragged step is timed at (at most 15 a row; 0: plain)
+RAGGED_EXTRA = (0, 1, 2, 4, 8, 16)  # extra positions a ragged step is priced at (at most 15 a row; 0: plain)
+
+PLAIN = ("width", 1)  # the kind every other is priced against
 
 
-def measure_costs(decode_steps, widths: list[int], buckets: list[int], ragged_steps=None) -> CostModel:
-    """Time the steps of each width in each bucket: `decode_steps(rows, width, steps)` decodes `rows` rows at a
-    fixed width for `steps` steps and returns the seconds of each step. Each of `ROUNDS` rounds times every width
-    for `STEPS_PER_ROUND` steps after `WARM_STEPS` untimed ones; the fastest step over the rounds counts.
+def step_kinds(widths: list[int], bucket: int, ragged: bool) -> list[tuple[str, int]]:
+    """The kinds of step timed in `bucket`: ("width", w) for each width (1: plain), ("extra", e) for each count of
+    a ragged step's extra positions up to 15 a row (`ragged`)."""
+    extras = [e for e in RAGGED_EXTRA if 0 < e <= 15 * bucket] if ragged else []
+    return [("width", w) for w in widths] + [("extra", e) for e in extras]
 
-    Other work on the machine only ever makes a step slower, so the fastest of several is the statistic it cannot
-    inflate: a median taken while other jobs ran priced some widths at their slow spells, and the cache then made
-    the default mode 0.94x the target alone on the quiet machine, where a fresh measurement gave 1.14x.
-    Interleaving the widths gives each of them a chance at the machine's quiet moments: the policy compares
-    widths, so their ratios are what must hold. `ragged_steps(rows, extras, steps)`, where given, times `steps`
-    ragged steps of each count of `extras` extra positions (RAGGED_EXTRA, up to 15 a row; 0: their own plain step,
-    over their own prompt) in each round, and returns each count's seconds. Where a drafted width still timed
-    faster than a plain step, up to EXTRA_ROUNDS more rounds run, and a drafted width is never priced below a plain
-    step."""
+
+def measure_costs(time_kinds, widths: list[int], buckets: list[int], ragged: bool = True) -> CostModel:
+    """Time every kind of step in each bucket and price it: `time_kinds(rows, kinds, cycles)` decodes `rows` rows
+    taking the `kinds` (`step_kinds`) in turn, step after step, for `cycles` cycles, and returns each kind's
+    seconds, one a cycle. Each of `ROUNDS` rounds times `STEPS_PER_ROUND` cycles after `WARM_STEPS` untimed ones
+    (`priced`).
+
+    Timed in turn, every kind meets the machine's spells alike, so a kind's cost in plain steps is taken within
+    each cycle and its median kept: where each width was timed in a block of its own, a slow spell (another job)
+    or a fast one (a 2-core Ice Lake VM ran plain steps at 13 ms for a second and 19-20 ms around it) priced some
+    widths and not others. Where a drafted width still timed faster than a plain step, up to EXTRA_ROUNDS more
+    rounds run, and a drafted width is never priced below a plain step."""
+    if 1 not in widths:
+        raise ValueError(f"the widths to time must include 1, the plain step every other is priced against: {widths}")
     model = CostModel()
     for bucket in buckets:
-        extras = [e for e in RAGGED_EXTRA if e <= 15 * bucket] if ragged_steps is not None else []
-        times: dict[tuple, list[float]] = {("width", w): [] for w in widths} | {("extra", e): [] for e in extras}
+        kinds = step_kinds(widths, bucket, ragged)
+        times: dict[tuple, list[float]] = {kind: [] for kind in kinds}
         for _ in range(ROUNDS):
-            _time_round(times, decode_steps, ragged_steps, bucket, widths, extras)
-        fastest = {key: min(seconds) if seconds else 0.0 for key, seconds in times.items()}
+            _time_round(times, time_kinds, bucket, kinds)
+        prices = priced(times)
         for _ in range(EXTRA_ROUNDS):
-            if not _faster_than_plain(fastest, widths):
+            if not _faster_than_plain(prices, widths):
                 break
-            _time_round(times, decode_steps, ragged_steps, bucket, widths, extras)
-            fastest = {key: min(seconds) if seconds else 0.0 for key, seconds in times.items()}
-        model.plain[bucket] = fastest[("width", 1)]
+            _time_round(times, time_kinds, bucket, kinds)
+            prices = priced(times)
+        plain = model.plain[bucket] = prices[PLAIN]
         # A drafted step is a plain step's verify plus the draft's forward: it is never cheaper. Priced below one
         # (the plain steps all met slow spells), drafting would look free, and the policy would draft where it loses
         # (the default mode 0.85x the target alone at q4 from one such cache): it is priced as a plain step at least.
-        model.drafted[bucket] = {n: max(t, model.plain[bucket]) for (kind, n), t in fastest.items()
-                                 if kind == "width" and n > 1}
-        if extras:
-            model.ragged[bucket] = {n: t for (kind, n), t in fastest.items() if kind == "extra"}
+        model.drafted[bucket] = {n: max(t, plain) for (kind, n), t in prices.items() if kind == "width" and n > 1}
+        if ragged:
+            model.ragged[bucket] = {0: plain} | {n: t for (kind, n), t in prices.items() if kind == "extra"}
     return model
 
 
-def _time_round(times: dict, decode_steps, ragged_steps, bucket: int, widths: list[int], extras: list[int]) -> None:
-    """One round of `measure_costs`: every width, then every ragged count, appended to `times`."""
-    for width in widths:
-        times["width", width] += decode_steps(bucket, width, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
-    if extras:  # every count in one decode, in turn
-        for extra, seconds in ragged_steps(bucket, extras, WARM_STEPS + STEPS_PER_ROUND).items():
-            times["extra", extra] += seconds[WARM_STEPS:]
+def priced(times: dict[tuple, list[float]]) -> dict[tuple, float]:
+    """Each kind's price from its seconds, cycle by cycle beside the plain step's (`times[PLAIN]`): the fastest
+    plain step, which other work cannot make look slower, times the median over the cycles of the kind's seconds
+    over the plain step's."""
+    plain = times[PLAIN]
+    fastest = min(plain)
+    return {kind: fastest * statistics.median(t / p for t, p in zip(seconds, plain))
+            for kind, seconds in times.items()}
 
 
-def _faster_than_plain(fastest: dict, widths: list[int]) -> bool:
-    """Whether some drafted width's fastest step beat the fastest plain step: the plain ones met only slow spells."""
-    return 1 in widths and any(fastest["width", w] < fastest["width", 1] for w in widths if w > 1)
+def _time_round(times: dict, time_kinds, bucket: int, kinds: list[tuple[str, int]]) -> None:
+    """One round of `measure_costs`: every kind in turn for WARM_STEPS + STEPS_PER_ROUND cycles in one decode, the
+    timed cycles appended to `times`."""
+    for kind, seconds in time_kinds(bucket, kinds, WARM_STEPS + STEPS_PER_ROUND).items():
+        times[kind] += seconds[WARM_STEPS:]
 
 
-class Stopwatch:
-    """A fixed-width policy (policy.py's protocol) that times the steps it chooses: the seconds between one
-    `choose` and the next are one whole step, loop included."""
-
-    def __init__(self, width: int) -> None:
-        self.width, self.last, self.seconds = width, None, []
-
-    def choose(self) -> int:
-        now = time.perf_counter()
-        if self.last is not None:
-            self.seconds.append(now - self.last)
-        self.last = now
-        return self.width
-
-    def observe(self, width: int, num_accepted: list[int], within=None) -> None:
-        pass
-
-    def at_batch(self, rows: int) -> None:
-        pass
+def _faster_than_plain(prices: dict, widths: list[int]) -> bool:
+    """Whether some drafted width was priced under a plain step: the plain ones met only slow spells."""
+    return any(prices["width", w] < prices[PLAIN] for w in widths if w > 1)
 
 
 def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: int | None) -> str | None:
@@ -253,8 +251,9 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      forward="lean layers, paired single rows, lean plain steps, ragged steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size, lean=True,
                                 taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids),
-                     block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND, statistic="min",
-                     prompt=PROMPT_LENGTH, ragged=dict(prompt=RAGGED_PROMPT_LENGTH, extra=list(RAGGED_EXTRA)))
+                     block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
+                     statistic="every kind in turn; plain min x median of ratios to the cycle's plain step",
+                     prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)))
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 
 

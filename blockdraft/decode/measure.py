@@ -5,14 +5,15 @@ model itself (what a step of each width costs, fitted) is costs.py.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
 
 from ..io.targets import cache_root
 from ..model.target import Target
-from .costs import (PROMPT_LENGTH, RAGGED_PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, Stopwatch,
-                    batch_bucket, cost_key, linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
+from .costs import (PLAIN, PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, batch_bucket, cost_key,
+                    linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
 from .drafter import Drafter
 from .generate import stream
 from .policy import candidate_widths
@@ -21,7 +22,7 @@ from .proposers import ChainProposer, TreeProposer, chain
 
 def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fresh: bool = False) -> CostModel:
     """The step costs of this target and draft at batch sizes up to `rows` (costs.py): from this process's memory,
-    else the disk cache, else measured now by timing fixed-width steps, and cached. `fresh` measures them again
+    else the disk cache, else measured now by timing every kind of step in turn (`CycleWatch`), and cached. `fresh` measures them again
     (once per process) and replaces the cached ones: after a first measurement on a busy machine."""
     config = getattr(drafter, "config", None)
     if config is None:  # a drafter double (tests) has no model to time: a plain step, the draft at a third of one
@@ -47,8 +48,8 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     if missing:
         K = drafter.block_size
         widths = candidate_widths(2 * K if tree else K)
-        model.update(measure_costs(lambda b, w, n: _timed_steps(target, drafter, tree, b, w, n), widths, missing,
-                                   ragged_steps=lambda b, extras, n: _timed_ragged(target, drafter, b, extras, n)))
+        model.update(measure_costs(lambda b, kinds, n: timed_kinds(target, drafter, tree, b, kinds, n), widths,
+                                   missing))
         if key is not None:
             write_cached(folder, key, model)
     return model
@@ -60,7 +61,7 @@ def _check_cached(cached: CostModel, target: Target, drafter: Drafter, tree: boo
     reads it for its first 1-row bucket and prices every later batch from it): a measurement taken while other jobs
     ran can price one row right and a batch wrong (2 rows at 12.3 ms against 7.3 timed on the quiet machine)."""
     for bucket in sorted(cached.plain):
-        probe = _timed_steps(target, drafter, tree, bucket, 1, WARM_STEPS + STEPS_PER_ROUND)[WARM_STEPS:]
+        probe = timed_kinds(target, drafter, tree, bucket, [PLAIN], WARM_STEPS + STEPS_PER_ROUND)[PLAIN][WARM_STEPS:]
         note = stale_cache_note(cached.plain[bucket], probe, rows=bucket) if probe else None
         if note:
             warnings.warn(note, stacklevel=4)
@@ -71,22 +72,14 @@ _COSTS: dict = {}  # cost models measured or read in this process, by cost key
 _REMEASURED: set = set()  # cost keys measured afresh in this process
 
 
-def _timed_steps(target: Target, drafter: Drafter, tree: bool, rows: int, width: int, steps: int) -> list[float]:
-    """The seconds of `steps` decode steps of `rows` rows at a fixed `width`, greedy, on a synthetic prompt."""
-    watch = Stopwatch(width)
-    vocab = int(target.lm_head.weight.shape[0])
-    proposer = TreeProposer(drafter, watch) if tree else ChainProposer(drafter, watch, vocab_size=vocab)
-    _run(target, proposer, rows, PROMPT_LENGTH, steps, per_step=width, room=4 * drafter.block_size)
-    return watch.seconds
-
-
-def _timed_ragged(target: Target, drafter: Drafter, rows: int, extras: list[int], steps: int) -> dict[int, list[float]]:
-    """The seconds of `steps` ragged steps of `rows` rows at each count of `extras` (plain steps whose rows verify
-    that many more positions between them: RaggedWatch; 0: plain steps), taken in turn in one decode of a longer
-    prompt: one prefill for them all."""
-    watch = RaggedWatch(drafter, extras)
-    _run(target, watch, rows, RAGGED_PROMPT_LENGTH, steps * len(extras), per_step=16, room=32)
-    return watch.by_extra()
+def timed_kinds(target: Target, drafter: Drafter, tree: bool, rows: int, kinds: list[tuple[str, int]],
+                cycles: int) -> dict[tuple[str, int], list[float]]:
+    """The seconds of each kind of step (costs.step_kinds), one per cycle, over `cycles` cycles that take the kinds
+    in turn in one decode of `rows` rows of a synthetic prompt, greedy, whatever the steps accept (`CycleWatch`)."""
+    watch = CycleWatch(drafter, tree, kinds, int(target.lm_head.weight.shape[0]))
+    _run(target, watch, rows, PROMPT_LENGTH, cycles * len(kinds) + 1, per_step=watch.lookahead,
+         room=watch.lookahead + 4 * drafter.block_size)
+    return watch.by_kind()
 
 
 def _run(target: Target, proposer, rows: int, prompt_length: int, steps: int, per_step: int, room: int) -> None:
@@ -108,34 +101,59 @@ def _run(target: Target, proposer, rows: int, prompt_length: int, steps: int, pe
         pass
 
 
-class RaggedWatch(Stopwatch):
-    """A proposer of ragged steps that times them (costs.Stopwatch), cycling through `extras`: a step of e extra
-    guesses spreads them over the rows, up to 15 a row from the first, each row's anchor repeated (a lookup run's
-    cost does not depend on its tokens); e = 0 is a plain step."""
+class _Chosen:
+    """The width policy of CycleWatch's inner proposer: the width CycleWatch chose for this step."""
 
-    def __init__(self, drafter: Drafter, extras: list[int]) -> None:
-        super().__init__(1)
-        self.drafter, self.extras, self.chosen = drafter, list(extras), []  # chosen: each step's extra guesses
-        self.tap_layer_ids, self.block_size = drafter.tap_layer_ids, drafter.block_size
-        self.lookahead = max(16, drafter.block_size)  # the cache room past the anchor: 15 guesses a row
+    def __init__(self) -> None:
+        self.width = 1
+
+    def at_batch(self, rows: int) -> None:
+        pass
+
+    def choose(self) -> int:
+        return self.width
+
+    def observe(self, width: int, num_accepted: list[int], within=None) -> None:
+        pass
+
+
+class CycleWatch:
+    """A proposer that takes every kind of step in turn and times each (from its proposal to the next step's: the
+    whole step, loop included): ("width", w) the draft's tree (or chain) of w nodes, w = 1 a plain step; ("extra", e)
+    a ragged step of e extra guesses spread over the rows, up to 15 a row from the first, each row's anchor repeated
+    (a lookup run's cost does not depend on its tokens), no draft. As in a served decode, the draft takes in the
+    positions that plain and ragged steps committed at the next drafted step."""
+
+    def __init__(self, drafter: Drafter, tree: bool, kinds: list[tuple[str, int]], vocab_size: int) -> None:
+        self.kinds, self.chosen = list(kinds), _Chosen()
+        self.inner = TreeProposer(drafter, self.chosen) if tree else ChainProposer(drafter, self.chosen,
+                                                                                   vocab_size=vocab_size)
+        self.drafter, self.block_size, self.tap_layer_ids = drafter, drafter.block_size, drafter.tap_layer_ids
+        self.lookahead = max(self.inner.lookahead, 16)  # the cache room past the anchor: 15 guesses a row
+        self.taken: list[tuple[str, int]] = []  # each step's kind
+        self.starts: list[float] = []  # each step's start (perf_counter)
 
     def propose(self, state, selector):
-        self.choose()
-        extra = self.extras[len(self.chosen) % len(self.extras)]
-        self.chosen.append(extra)
+        self.starts.append(time.perf_counter())
+        kind, n = self.kinds[len(self.taken) % len(self.kinds)]
+        self.taken.append((kind, n))
+        if kind == "width":
+            self.chosen.width = n
+            return self.inner.propose(state, selector)
         anchors, _ = state.anchors()  # [B]
-        counts = [min(15, max(0, extra - 15 * b)) for b in range(anchors.shape[0])]
-        proposal = chain(anchors, anchors[:, None].repeat(1, max(counts)), None, drafted=False, lookup=extra > 0)
-        if extra:
-            proposal.widths = 1 + torch.tensor(counts, device=anchors.device)  # [B]
+        counts = [min(15, max(0, n - 15 * b)) for b in range(anchors.shape[0])]
+        proposal = chain(anchors, anchors[:, None].repeat(1, max(counts)), None, drafted=False, lookup=True)
+        proposal.widths = 1 + torch.tensor(counts, device=anchors.device)  # [B]
         return proposal
 
-    def by_extra(self) -> dict[int, list[float]]:
-        """The seconds of the timed steps (`seconds`: each step's, up to the next one's start) by their extras."""
-        out: dict[int, list[float]] = {e: [] for e in self.extras}
-        for extra, seconds in zip(self.chosen, self.seconds):
-            out[extra].append(seconds)
-        return out
-
     def observe(self, proposal, ok, num_accepted) -> None:
-        pass
+        if self.taken[-1][0] == "width":
+            self.inner.observe(proposal, ok, num_accepted)
+
+    def by_kind(self) -> dict[tuple[str, int], list[float]]:
+        """Each kind's seconds, one per whole cycle timed (a step ends where the next one starts)."""
+        out: dict = {kind: [] for kind in self.kinds}
+        steps = (len(self.starts) - 1) // len(self.kinds) * len(self.kinds)
+        for kind, start, end in zip(self.taken[:steps], self.starts[:steps], self.starts[1: steps + 1]):
+            out[kind].append(end - start)
+        return out
