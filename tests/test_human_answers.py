@@ -109,11 +109,13 @@ CHATS = [Prompt(str(i), ({"role": "user", "content": "ab" * (i % 3 + 1)},
                          {"role": "assistant", "content": "cab" * (i % 4 + 6) + str(i)},
                          {"role": "user", "content": "more"}), "fake") for i in range(7)]
 CHATS.append(Prompt("first", ({"role": "user", "content": "no answer before me"},), "fake"))
+CHATS.append(Prompt("last", ({"role": "user", "content": "ab"}, {"role": "assistant", "content": "cab" * 7 + "z"}),
+                    "fake"))  # a chat up to its last answer (sharegpt-answers)
 
 
 @pytest.fixture
 def target(monkeypatch):
-    monkeypatch.setattr(human_answers, "training_prompts", lambda sets: CHATS)
+    monkeypatch.setattr(human_answers, "training_prompts", lambda sets, answered=False: CHATS)
     monkeypatch.setattr(human_answers, "HUMAN_SETS", ("fake",))
     target = tiny_target("llama")
     target.tokenizer = char_tokenizer()
@@ -125,7 +127,7 @@ def test_labels_are_the_targets_argmax_after_each_position(target, tmp_path):
     meta = human_answers.build_human_dataset(target, tmp_path, sets=["fake"], count=10, max_answer_tokens=20,
                                              batch_size=3, shard_size=2)
     examples = read_examples(tmp_path)
-    assert len(examples) == meta["examples"] == 7 and meta["skipped"]["no_human_answer"] == 1
+    assert len(examples) == meta["examples"] == 8 and meta["skipped"]["no_human_answer"] == 1
     for example in examples:
         ids, start = example.input_ids, example.loss_mask.index(1)
         logits = target.model(torch.tensor([ids])).logits[0]  # [T, V] one forward of this row alone

@@ -19,7 +19,7 @@ from blockdraft.prompts import (
     training_prompts,
 )
 from blockdraft.prompts.readers import CONVERTERS, main_solution_stub, read_records
-from blockdraft.prompts.registry import file_sha256, package_root, verified_file
+from blockdraft.prompts.registry import ANSWERED_SETS, file_sha256, package_root, verified_file
 
 # Record counts and sha256 prefixes as docs/data.md §4 states them, kept apart from the registry so a typo in
 # either one fails here.
@@ -32,6 +32,7 @@ EXPECTED = {
     "healthbench": (500, "648ba52f3f843778"),
     "sharegpt": (17671, "99af0276a84059ec"),
     "sharegpt-turns": (17671, "99af0276a84059ec"),  # sharegpt's file, one prompt per human turn
+    "sharegpt-answers": (17671, "99af0276a84059ec"),  # sharegpt's file, each chat up to its last answer
     "codeio": (3002, "a088810cf4d02027"),
     "codeio-hq": (2750, "7f2effca40d6412d"),
     "codeio-functions": (3002, "a088810cf4d02027"),  # codeio's file, posed as functions to implement
@@ -39,7 +40,7 @@ EXPECTED = {
 
 
 # Registered sets read once per test run: ShareGPT alone takes half a second to decode.
-load_set = functools.cache(load_prompts)
+load_set = functools.cache(lambda name: load_prompts(name, answered=name in ANSWERED_SETS))
 
 
 def installed(name: str) -> bool:
@@ -72,8 +73,9 @@ def test_loaded_prompts_have_unique_ids_and_end_with_a_user_turn(name):
     prompts = load_set(name)
     assert prompts and all(p.set == name for p in prompts)
     assert len({p.id for p in prompts}) == len(prompts), "ids key responses and splits; repeats merge prompts"
+    last = "assistant" if name in ANSWERED_SETS else "user"  # a chat up to its answer, read as a human answer
     for p in prompts:
-        assert p.messages[-1]["role"] == "user" and p.messages[-1]["content"].strip(), f"{name}/{p.id}"
+        assert p.messages[-1]["role"] == last and p.messages[-1]["content"].strip(), f"{name}/{p.id}"
 
 
 def test_limit_keeps_the_first_prompts():
@@ -107,6 +109,36 @@ def test_sharegpt_turns_give_each_human_turn_with_the_chat_before_it():
     chunk = {"id": "w_1", "conversations": record["conversations"][2:]}
     assert CONVERTERS["sharegpt-turns"](chunk, 0) == [], "a chunk opened by the assistant has lost its context"
     assert CONVERTERS["sharegpt-turns"]({**record, "id": "BEqvZIj_0"}, 0) == [], "a chat with a benchmark turn"
+
+
+def test_sharegpt_answers_give_each_chat_up_to_the_answer_no_human_turn_follows():
+    record = {"id": "x_0", "conversations": [
+        {"from": "system", "value": "share banner"}, {"from": "human", "value": "Hi"},
+        {"from": "gpt", "value": "Hello!"}, {"from": "human", "value": "Name a color"},
+        {"from": "chatgpt", "value": "Red."}]}
+    prompt_id, chat = CONVERTERS["sharegpt-answers"](record, 0)
+    assert prompt_id == "x_0:last" and chat[-1] == {"role": "assistant", "content": "Red."} and len(chat) == 4
+    asked = {**record, "conversations": [*record["conversations"], {"from": "human", "value": "Another"}]}
+    assert CONVERTERS["sharegpt-answers"](asked, 0) is None, "Red. is read before the human turn (sharegpt-turns)"
+    broken = {"id": "y_0", "conversations": [*record["conversations"][1:3], {"from": "gpt", "value": "again"}]}
+    assert CONVERTERS["sharegpt-answers"](broken, 0)[1][-1]["content"] == "Hello!", "the chat stops where roles repeat"
+    assert CONVERTERS["sharegpt-answers"]({**record, "id": "BEqvZIj_0"}, 0) is None, "a chat with a benchmark turn"
+
+
+def test_a_set_of_answered_chats_is_never_read_as_prompts():
+    with pytest.raises(PromptDataError, match="--human-answers"):
+        load_prompts("sharegpt-answers")
+    with pytest.raises(PromptDataError, match="--human-answers"):
+        training_prompts(("sharegpt-answers",))
+
+
+def test_sharegpt_answers_are_the_last_answers_sharegpt_turns_leaves_unread():
+    need("sharegpt")
+    answers, turns = load_set("sharegpt-answers"), load_set("sharegpt-turns")
+    assert len(answers) == 11120
+    read = {json.dumps(p.messages[:-1]) for p in turns}  # each turn's chat before it: an answer sharegpt-turns reads
+    # Only where another record of the file repeats the chat and goes on (`--skip-held` passes those over)
+    assert sum(json.dumps(p.messages) in read for p in answers) == 156
 
 
 def test_sharegpt_turns_hold_the_first_turn_prompts_and_later_ones():

