@@ -252,3 +252,35 @@ def test_a_drafted_width_timed_under_a_plain_step_is_timed_again_and_never_price
     model = costs.measure_costs(time_kinds, [1, 2, 4, 8], [1], ragged=False)
     assert len(rounds) == costs.ROUNDS + costs.EXTRA_ROUNDS, "timed again, a bounded number of rounds"
     assert all(t >= model.plain[1] for t in model.drafted[1].values()), "a drafted width priced below a plain step"
+
+
+@pytest.mark.measured_costs
+@pytest.mark.parametrize("tree", [True, False])
+def test_every_kind_is_timed_in_turn_in_one_decode(tree):
+    from blockdraft.decode import measure
+
+    target = tiny_target("llama")
+    drafter = Drafter(tiny_draft(target, block_size=4), target)
+    kinds = [("width", 1), ("width", 2), ("width", 4), ("extra", 1), ("extra", 16)]
+    taken = []
+    watch_class = measure.CycleWatch
+
+    class Watching(watch_class):
+        def propose(self, state, selector):
+            proposal = super().propose(state, selector)
+            taken.append((self.taken[-1], proposal.drafted, int(proposal.tokens.shape[1]),
+                          None if proposal.widths is None else proposal.widths.tolist()))
+            return proposal
+
+    measure.CycleWatch = Watching
+    try:
+        times = measure.timed_kinds(target, drafter, tree, 2, kinds, 3)
+    finally:
+        measure.CycleWatch = watch_class
+    assert {kind: len(seconds) for kind, seconds in times.items()} == {kind: 3 for kind in kinds}
+    assert all(s > 0 for seconds in times.values() for s in seconds)
+    assert [t[0] for t in taken[: 3 * len(kinds)]] == kinds * 3, "the kinds in turn, cycle after cycle"
+    by_kind = {t[0]: t[1:] for t in taken}
+    assert by_kind["width", 1] == (False, 1, None) and by_kind["width", 4][:2] == (True, 4)
+    assert by_kind["extra", 1] == (False, 2, [2, 1]), "one extra guess: the first row's"
+    assert by_kind["extra", 16] == (False, 16, [16, 2]), "15 a row from the first"
