@@ -10,6 +10,9 @@ steps, the tokens they committed, their measured seconds against what the cost m
 tokens per second against plain steps'; for drafted steps also the tokens the policy expected (its E(w) when it
 chose) against the tokens they returned. A drafted step pays only where its tokens per second beat a plain step's:
 where it does not, the line says whether the cost model priced it too cheap or the policy expected too many tokens.
+The cost model prices a plain step at its fastest and every other kind in plain steps (costs.py), so each kind's
+cost in plain steps, measured against priced, is the comparison that decides; the plain step's own ms carry the
+machine's spells.
 The target alone decodes each prompt just before the default mode does (its tok/s is printed beside).
 The last line is one JSON object.
 """
@@ -89,8 +92,12 @@ def main() -> None:
     print(f"target alone {alone_tokens / alone_seconds:.1f} tok/s; default {ours_tokens / ours_seconds:.1f} tok/s "
           f"({alone_seconds / alone_tokens * ours_tokens / ours_seconds:.3f}x)")
     plain_rate = report.get("plain", {}).get("tokens_per_s")
+    plain = report.get("plain")
     for kind, row in report.items():
         vs = f", {row['tokens_per_s'] / plain_rate:.3f}x a plain step's rate" if plain_rate else ""
+        if plain and kind != "plain":  # what the policy weighs: a step's cost in plain steps (a scale cancels)
+            vs += (f"; {row['ms_per_step'] / plain['ms_per_step']:.2f} plain steps, priced at "
+                   f"{row['priced_ms_per_step'] / plain['priced_ms_per_step']:.2f}")
         expected = (f"; expected {row['expected_tokens']:.2f} tokens a step, returned {row['tokens_per_step']:.2f}"
                     if row.get("expected_tokens") is not None else "")
         print(f"{kind:8s} {row['steps']:5d} steps, {row['tokens_per_step']:.2f} tokens a step, measured "
