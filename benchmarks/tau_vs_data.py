@@ -124,6 +124,13 @@ SHIPPED_AFTER_GPU["20"] = (160 + 106 + 105 + 75 + 90 + 90 + 90 + 80, SHIPPED_AFT
 SHIPPED_AFTER_GPU["21"] = (160 + 106 + 105 + 75 + 90 + 90 + 90 + 80 + 110, SHIPPED_AFTER_GPU["20"][1] + 303_185,
                            SHIPPED_AFTER_GPU["20"][2] + 2.026 - 2.018, SHIPPED_AFTER_GPU["20"][3] + 1.633 - 1.615)
 
+# Stage 22 (2026-12-07, an Intel Ice Lake without native bf16): stage 21 continued 50 minutes (2 threads, the draft in
+# float32; 898 steps) over human-e's 4,608 answers (934,744 answer tokens) and gpu-b; beside stage 21 in one run (bf16,
+# emulated there: 1.936 / 1.660 against 1.927 / 1.641). Not shipped: its trees lost on both sets (docs/history.md
+# §27).
+AFTER_GPU.append((SHIPPED_AFTER_GPU["21"][0] + 50, SHIPPED_AFTER_GPU["21"][1] + 934_744,
+                  SHIPPED_AFTER_GPU["21"][2] + 1.936 - 1.927, SHIPPED_AFTER_GPU["21"][3] + 1.660 - 1.641, "22"))
+
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
     for minutes, *_ in STAGES.values():
