@@ -36,6 +36,7 @@ EXPECTED = {
     "codeio": (3002, "a088810cf4d02027"),
     "codeio-hq": (2750, "7f2effca40d6412d"),
     "codeio-functions": (3002, "a088810cf4d02027"),  # codeio's file, posed as functions to implement
+    "codeio-answers": (3002, "a088810cf4d02027"),  # the same prompts, each with its own code sample as the answer
 }
 
 
@@ -125,11 +126,33 @@ def test_sharegpt_answers_give_each_chat_up_to_the_answer_no_human_turn_follows(
     assert CONVERTERS["sharegpt-answers"]({**record, "id": "BEqvZIj_0"}, 0) is None, "a chat with a benchmark turn"
 
 
-def test_a_set_of_answered_chats_is_never_read_as_prompts():
+@pytest.mark.parametrize("name", ANSWERED_SETS)
+def test_a_set_of_answered_chats_is_never_read_as_prompts(name):
     with pytest.raises(PromptDataError, match="--human-answers"):
-        load_prompts("sharegpt-answers")
+        load_prompts(name)
     with pytest.raises(PromptDataError, match="--human-answers"):
-        training_prompts(("sharegpt-answers",))
+        training_prompts((name,))
+
+
+def test_codeio_answers_give_the_function_prompt_and_its_own_code_sample():
+    from blockdraft.train.human_answers import human_answer
+
+    record = {"task_description": "Add two numbers.", "input_output_spec": "Input: a, b (int). Output: int.",
+              "code_sample": "import math\n\n# main function\ndef main_solution(a, b):\n    return a + b\n\n"}
+    prompt_id, chat = CONVERTERS["codeio-answers"](record, 7)
+    assert (prompt_id, chat[:-1]) == (lambda p: (p[0], list(p[1])))(CONVERTERS["codeio-functions"](record, 7))
+    assert chat[-1] == {"role": "assistant", "content": "```python\nimport math\n\n# main function\n"
+                                                        "def main_solution(a, b):\n    return a + b\n```"}
+    assert human_answer(chat) == (chat[:-1], chat[-1]["content"]), "read as a chat's last answer"
+    assert CONVERTERS["codeio-answers"]({**record, "code_sample": "def f(x):\n    return x"}, 0) is None, \
+        "no main_solution, no prompt to answer"
+
+
+def test_codeio_answers_pose_exactly_the_codeio_functions_prompts():
+    need("codeio")
+    answers, functions = load_set("codeio-answers"), load_set("codeio-functions")
+    assert [(p.id, p.messages[:-1]) for p in answers] == [(p.id, tuple(p.messages)) for p in functions]
+    assert all(p.messages[-1]["content"].startswith("```python\n") for p in answers)
 
 
 def test_sharegpt_answers_are_the_last_answers_sharegpt_turns_leaves_unread():

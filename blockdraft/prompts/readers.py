@@ -198,6 +198,17 @@ def _codeio_function(r: dict, index: int):
     return str(index), user(f"Implement this Python function:\n```python\n{stub}\n{body}\n```")
 
 
+def _codeio_answer(r: dict, index: int):
+    # The codeio-functions prompt with the record's own code sample as the answer, in a fenced block as the
+    # target writes code: human-written code for `blockdraft data --human-answers` only (ANSWERED_SETS).
+    posed = _codeio_function(r, index)
+    if posed is None:
+        return None
+    prompt_id, messages = posed
+    answer = {"role": "assistant", "content": f"```python\n{r['code_sample'].strip()}\n```"}
+    return prompt_id, [*messages, answer]
+
+
 # set name -> record, index -> (id, messages), None (no prompt), or a list of (id, messages) (several prompts)
 Converted = tuple[str, Messages] | list[tuple[str, Messages]] | None
 CONVERTERS: dict[str, Callable[[dict, int], Converted]] = {
@@ -213,6 +224,7 @@ CONVERTERS: dict[str, Callable[[dict, int], Converted]] = {
     "codeio": _codeio,
     "codeio-hq": _codeio,
     "codeio-functions": _codeio_function,
+    "codeio-answers": _codeio_answer,
 }
 
 

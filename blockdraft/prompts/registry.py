@@ -99,6 +99,8 @@ _SETS = (
     _codeio("codeio-hq", "data/codeio-hq.jsonl.gz", "json.gz", 2750, "7f2effca40d6412d"),
     # The codeio file again, each task posed as a function to implement (readers.py): code-writing data.
     _codeio("codeio-functions", "data/codeio.jsonl.gz", "jsonl.gz", 3002, "a088810cf4d02027"),
+    # The codeio-functions prompts with each record's own code sample as the answer: human answers only.
+    _codeio("codeio-answers", "data/codeio.jsonl.gz", "jsonl.gz", 3002, "a088810cf4d02027"),
 )
 
 PROMPT_SETS: dict[str, PromptSet] = {s.name: s for s in _SETS}
@@ -115,7 +117,7 @@ RESERVED_SETS = {
 GENERATED_SETS = ("magpie",)
 
 # Sets whose chats end with their answer: read as human answers (train/human_answers.py), never as prompts.
-ANSWERED_SETS = ("sharegpt-answers",)
+ANSWERED_SETS = ("sharegpt-answers", "codeio-answers")
 
 
 def benchmark_set_names() -> tuple[str, ...]:

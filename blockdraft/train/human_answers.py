@@ -7,7 +7,8 @@ target's greedy path before it (objective.block_targets), so every label is what
 
 The answers are the training chats' own: in `sharegpt-turns`, a prompt that ends with [..., assistant, user]
 gives the context before that assistant turn and the assistant's answer; `sharegpt-answers` gives each chat's last
-answer, which no human turn follows (and so no `sharegpt-turns` prompt carries). Resumable like `blockdraft data`
+answer, which no human turn follows (and so no `sharegpt-turns` prompt carries); `codeio-answers` gives each
+`codeio-functions` prompt with its record's own code sample as the answer. Resumable like `blockdraft data`
 (regenerate.py): the same settings and seed continue the same draw.
 """
 
@@ -29,7 +30,8 @@ from .regenerate import ShardWriter, check_counts, resume_point, write_meta
 from .shards import MAX_SHARD_BYTES, ShardSizer, tokenizer_fingerprint
 
 # The training sets whose chats carry a human answer: before the last turn (sharegpt-turns), or as the last turn
-HUMAN_SETS = ("sharegpt-turns", "sharegpt-answers")
+# (sharegpt-answers; codeio-answers, a code sample answering its codeio-functions prompt)
+HUMAN_SETS = ("sharegpt-turns", "sharegpt-answers", "codeio-answers")
 MIN_ANSWER_TOKENS = 16  # a shorter answer gives few blocks
 
 
