@@ -120,6 +120,21 @@ def test_training_with_a_head_over_the_most_frequent_ids(tmp_path):
         config(tmp_path, "bad", head_ids=1)
 
 
+def test_a_continuation_keeps_the_head_ids_it_is_told_to(tmp_path):
+    """`head_ids_from` = a draft folder: the run's head scores that folder's ids, not its own data's most frequent."""
+    write_data(tmp_path / "data", count=8)
+    parent = train(tiny_target("llama"), config(tmp_path, "parent", head_ids=3, max_steps=1))
+    examples = read_examples(tmp_path / "data")
+    chosen = [i for i in range(VOCAB) if i not in frequent_tokens(examples, 3)][:5]
+    write_vocab(parent, chosen, VOCAB, "test")
+    out = train(tiny_target("llama"), config(tmp_path, "child", init_from=parent, head_ids_from=parent, max_steps=1))
+    assert read_vocab(out, VOCAB).tolist() == chosen
+    with pytest.raises(ConfigError, match="keep one"):
+        config(tmp_path, "both", head_ids=3, head_ids_from=parent)
+    with pytest.raises(ConfigError, match="has no blockdraft_vocab.json"):
+        config(tmp_path, "none", head_ids_from=tmp_path / "data")
+
+
 def test_training_over_the_proposal_vocabulary(tmp_path):
     """With `proposal_vocab` the loss competes only over the ids the decoder drafts from (the data's response ids),
     so the same first step of the same draft scores a lower CE than over the whole vocabulary; the vocabulary

@@ -75,6 +75,9 @@ def add_arguments(parser) -> None:
                         help="score only the N ids most frequent in the training responses (and each sequence's "
                              "prompt ids), leaving out the labels outside them: the head's cost falls to N ids "
                              "and the draft proposes only these (implies --proposal-vocab; docs/training.md §3)")
+    parser.add_argument("--head-ids-from", default=None, metavar="DRAFT",
+                        help="as --head-ids, over the ids of DRAFT's proposal vocabulary (its blockdraft_vocab.json; "
+                             "e.g. the --init-from draft's, so that a continuation over other data keeps its head)")
     parser.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU (fp32 by default)")
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                         help="torch.compile the draft's forward (a C++ compiler on CPU): 1.55x the steps on a "
@@ -108,7 +111,7 @@ def run(args) -> int:
         cpu_autocast=args.cpu_autocast, cache_features=args.cache_features, feature_store=args.feature_store,
         standardize_features=args.standardize_features, kd_weight=kd_weight,
         weighting=args.weighting, dpace_alpha=args.dpace_alpha, proposal_vocab=args.proposal_vocab,
-        head_ids=args.head_ids,
+        head_ids=args.head_ids, head_ids_from=args.head_ids_from,
         time_budget=args.time_budget, save_draft_every_seconds=args.save_draft_every_seconds,
         draft_dir=args.draft_out, compile=args.compile,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..config import gamma_for_block_size
 from ..errors import ConfigError
+from ..io.vocab import VOCAB_FILE
 from .compiled import COMPILE_MODES
 
 # Fields that only say how to watch or where to find things; anything else changes the run, so a resume refuses it.
@@ -63,13 +64,15 @@ class TrainConfig:
     proposal_vocab: bool = False  # score only the ids the decoder drafts from (decode/vocab.py) and prompt ids
     head_ids: int | None = None  # score only the N most frequent response ids (and prompt ids), the labels outside
     # them left out; the draft then proposes these N (implies a proposal vocabulary)
+    head_ids_from: Path | None = None  # as head_ids, over the ids of this draft folder's proposal vocabulary (e.g.
+    # the init_from draft's, so that a continuation over other data keeps the head its parent was trained with)
     time_budget: float | None = None  # seconds from the first step: stop after the step that crosses it (see _lr)
     save_draft_every_seconds: float | None = None  # also write the draft folder this often, not only at the end
     draft_dir: Path | None = None  # where the draft folder goes; None: out_dir/draft
     compile: str = "off"  # torch.compile the draft's forward: off, on, or auto (long runs; compiled.py)
 
     def __post_init__(self) -> None:
-        for name in ("out_dir", "init_from", "draft_dir"):
+        for name in ("out_dir", "init_from", "draft_dir", "head_ids_from"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
         folders = (self.data_dirs,) if isinstance(self.data_dirs, (str, Path)) else tuple(self.data_dirs)
@@ -105,6 +108,11 @@ class TrainConfig:
             # Growing needs a draft to grow: a fresh draft of num_draft_layers is what --layers alone trains.
             problems.append("`grow_layers` appends layers to the `init_from` draft; set `init_from`, or drop "
                             "`grow_layers` and set `num_draft_layers` for a fresh draft")
+        if self.head_ids is not None and self.head_ids_from is not None:
+            problems.append("`head_ids` and `head_ids_from` both choose the head's ids; keep one")
+        if self.head_ids_from is not None and not (self.head_ids_from / VOCAB_FILE).is_file():
+            problems.append(f"`head_ids_from` {self.head_ids_from} has no {VOCAB_FILE}: name a draft folder trained "
+                            f"with a head over chosen ids, or set `head_ids` N to take the data's N most frequent")
         problems += _data_problems(self.data_dirs)
         if problems:
             raise ConfigError("invalid training config: " + "; ".join(problems) + "; fix these settings")

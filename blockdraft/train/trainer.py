@@ -126,7 +126,7 @@ def _prepare(target: Target, cfg: TrainConfig, ranks: Ranks) -> tuple[Run, Metri
     if cfg.cache_features or cfg.feature_store:
         run.cache = _feature_cache(run, ranks.rank == 0)
     run.vocab_ids, run.vocab_source = _proposal_ids(cfg, examples, target.lm_head.weight.shape[0])
-    if cfg.proposal_vocab or cfg.head_ids is not None:
+    if cfg.proposal_vocab or cfg.head_ids is not None or cfg.head_ids_from is not None:
         run.vocab = torch.tensor(run.vocab_ids, dtype=torch.long, device=target.device)
     log = None
     if ranks.rank == 0:
@@ -169,7 +169,10 @@ def _proposal_ids(cfg: TrainConfig, examples: list[Example], vocab_size: int) ->
     """The draft's proposal vocabulary and where it came from: the ids the target emitted in the training
     responses, joined with the vocabulary of the draft this run continues (`init_from`'s sidecar), so that a
     draft continued on new data still proposes what it learnt from the old. With `head_ids` = N: the N most
-    frequent emitted ids alone (the head scores no others)."""
+    frequent emitted ids alone (the head scores no others); with `head_ids_from`, that draft folder's ids alone."""
+    if cfg.head_ids_from is not None:
+        ids = read_vocab(cfg.head_ids_from, vocab_size)  # settings checked that it has one
+        return ids.tolist(), f"the {ids.numel()} ids of {cfg.head_ids_from}'s proposal vocabulary"
     source = f"response tokens of {len(examples)} training examples in {cfg.data_names}"
     if cfg.head_ids is not None:
         ids = frequent_tokens(examples, cfg.head_ids)
