@@ -131,6 +131,13 @@ SHIPPED_AFTER_GPU["21"] = (160 + 106 + 105 + 75 + 90 + 90 + 90 + 80 + 110, SHIPP
 AFTER_GPU.append((SHIPPED_AFTER_GPU["21"][0] + 50, SHIPPED_AFTER_GPU["21"][1] + 934_744,
                   SHIPPED_AFTER_GPU["21"][2] + 1.936 - 1.927, SHIPPED_AFTER_GPU["21"][3] + 1.660 - 1.641, "22"))
 
+# Stage 23 (2026-12-07, the same Ice Lake): stage 22 continued 70 minutes (2 threads, float32; 1,457 steps) over
+# human-code's 2,240 human code answers (738,782 answer tokens) beside human-e and gpu-b, the head over stage 21's ids;
+# beside stage 21 in one run (bf16, emulated there: 1.968 / 1.610 against 1.929 / 1.641). Not shipped: MT-Bench's bf16
+# chain lost (docs/history.md §28).
+AFTER_GPU.append((SHIPPED_AFTER_GPU["21"][0] + 50 + 70, SHIPPED_AFTER_GPU["21"][1] + 934_744 + 738_782,
+                  SHIPPED_AFTER_GPU["21"][2] + 1.968 - 1.929, SHIPPED_AFTER_GPU["21"][3] + 1.610 - 1.641, "23"))
+
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
     for minutes, *_ in STAGES.values():
