@@ -37,9 +37,10 @@ def add_arguments(parser) -> None:
                              "answer (docs/data.md)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter of sampled answers (1: none)")
     parser.add_argument("--human-answers", action="store_true",
-                        help="keep the answers people wrote (sharegpt-turns) and label them with the target's greedy "
-                             "token after each position, from one prefill, instead of regenerating (docs/data.md "
-                             "§6); --batch-size then counts prefill rows (8 is a good start on a CPU)")
+                        help="keep the answers people wrote (sharegpt-turns, sharegpt-answers, codeio-answers; all "
+                             "three unless --sets names some) and label them with the target's greedy token after "
+                             "each position, from one prefill, instead of regenerating (docs/data.md §6); "
+                             "--batch-size then counts prefill rows (8 is a good start on a CPU)")
     parser.add_argument("--store-features", default=None, metavar="IDS",
                         help="with --human-answers: comma-separated target layer ids (as `train "
                              "--target-layer-ids`, e.g. 1,27) whose outputs the same prefill writes to the folder's "
