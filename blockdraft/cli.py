@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from pathlib import Path
 
 from .errors import BlockdraftError
 
@@ -62,11 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(only=chosen).parse_args(argv)
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning(shown)
     try:
         return _module(args.command).run(args)
     except BlockdraftError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown
+
+
+def _show_warning(python_shows):
+    """The library's own warnings as one line on stderr (`warning: ...`: a note to the user, not a source
+    location); anyone else's as Python shows them."""
+    package = Path(__file__).resolve().parent
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if Path(filename).resolve().is_relative_to(package):
+            print(f"warning: {message}", file=file or sys.stderr)
+        else:
+            python_shows(message, category, filename, lineno, file, line)
+
+    return show
 
 
 if __name__ == "__main__":

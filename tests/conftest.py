@@ -76,6 +76,25 @@ def fixed_step_costs(request, monkeypatch):
         import blockdraft.decode.decoder as decoder
 
         monkeypatch.setattr(decoder, "measured_costs", lambda *args, **kwargs: COSTS)
+    else:  # timed for real, always as on a quiet machine: a busy one would measure a cache again mid-test
+        import blockdraft.decode.costs as costs
+        import blockdraft.decode.measure as measure
+
+        monkeypatch.setattr(costs, "WaitWatch", QuietWatch)
+        monkeypatch.setattr(measure, "WaitWatch", QuietWatch)
+
+
+class QuietWatch:
+    """cpu_wait.WaitWatch on a machine whose threads never wait for a CPU."""
+
+    def __init__(self, threads: int = 1) -> None:
+        self.share = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.share = 0.0
 
 
 def tiny_target(family: str = "llama", layers: int = 6, seed: int = 0) -> Target:

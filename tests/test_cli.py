@@ -300,3 +300,29 @@ def test_train_takes_several_data_folders_but_not_one_twice(model_folders, capsy
     code, _, err = run(capsys, "train", "--data", str(tmp_path), "--data", str(tmp_path / "."), "--out",
                        str(tmp_path / "run"), "--target", target)
     assert code == 2 and "twice" in err, err
+
+
+def test_the_librarys_warnings_are_one_line_notes(capsys, monkeypatch):
+    """A warning of the library (a cost cache timed on a busy machine) is a note to the user: one line, not a
+    source location and the line of code that raised it; another package's keeps Python's form."""
+    import warnings
+
+    import blockdraft.cli as cli
+    from blockdraft.decode import measure
+
+    class Command:
+        add_arguments = staticmethod(lambda parser: None)
+
+        @staticmethod
+        def run(args):
+            warnings.warn_explicit("the step costs were timed busy", UserWarning, measure.__file__, 1)
+            warnings.warn_explicit("a note of another package", UserWarning, "/elsewhere/lib.py", 7)
+            return 0
+
+    monkeypatch.setattr(cli, "_module", lambda name: Command)
+    with pytest.warns(UserWarning, match="a note of another package"):  # passed on to how Python shows it
+        shown = warnings.showwarning
+        assert cli.main(["inspect"]) == 0
+        assert warnings.showwarning is shown, "the command line's form must not outlive main()"
+    err = capsys.readouterr().err
+    assert err == "warning: the step costs were timed busy\n", err

@@ -13,10 +13,13 @@ step after step, in one decode, so that every kind meets the machine's slow and 
 in plain steps is the median, over the cycles, of its step's seconds over the plain step's of the same cycle: a
 spell of another job or of a faster clock slows or speeds both alike, and a step that ran alone in a spell counts
 once among many. The plain step is priced by its fastest, which other jobs cannot make look slower, and every
-other kind at that times its cost in plain steps. A cache read from disk is checked against a few plain steps
-timed at load at every batch size it holds and, where it no longer fits, a warning says so (`stale_cache_note`).
-`--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model of their own
-(`linear_costs`).
+other kind at that times its cost in plain steps. No statistic of the times saves a table timed while another
+job held the cores at every step (it bends every kind's price toward the plain step's), so the share of each
+bucket's timing that our threads waited for a CPU is kept with it (cpu_wait.py): a bucket timed busy is measured
+again at the first start on a quiet machine (measure.py). A cache read from disk is checked against a few plain
+steps timed at load at every batch size it holds and, where it no longer fits, a warning says so
+(`stale_cache_note`). `--measure-costs` (or deleting the file) measures again. Tests and callers may pass a model
+of their own (`linear_costs`).
 
 Step times depend on how many rows a step decodes, so every table is kept per batch-size bucket (1, 2, 4, 8,
 ...; `batch_bucket`); a bucket not measured borrows the nearest measured one.
@@ -33,6 +36,7 @@ from pathlib import Path
 import torch
 
 from ..hardware import cpu_name
+from .cpu_wait import WaitWatch, busy
 
 ROUNDS = 3  # decodes that each take every kind in turn (see measure_costs), one after another
 STEPS_PER_ROUND = 5  # timed cycles of every kind per round (after WARM_STEPS untimed ones)
@@ -62,12 +66,25 @@ class CostModel:
     # positions between them, no draft: decode/step.py); empty where not measured (`ragged_seconds` then prices
     # each extra position at `per_position` / rows)
     ragged: dict[int, dict[int, float]] = field(default_factory=dict)
+    # bucket -> the share of its measurement that our threads spent waiting for a CPU (cpu_wait.py); absent where
+    # the kernel does not say. A bucket at cpu_wait.BUSY_SHARE or more was timed on a busy machine (`busy_buckets`)
+    waited: dict[int, float] = field(default_factory=dict)
     # seconds() and per_position() by their arguments: a policy asks about ten of them at every step, and the
     # answers change only with `update`
     _known: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def buckets(self) -> set[int]:
         return set(self.plain) & set(self.drafted)
+
+    def busy_buckets(self) -> set[int]:
+        """The buckets timed while other work kept our threads waiting for a CPU (cpu_wait.busy)."""
+        return {b for b in self.buckets() if busy(self.waited.get(b))}
+
+    def without(self, buckets: set[int]) -> CostModel:
+        """This model less `buckets` (to be measured again)."""
+        def keep(table: dict) -> dict:
+            return {b: v for b, v in table.items() if b not in buckets}
+        return CostModel(keep(self.plain), keep(self.drafted), keep(self.ragged), keep(self.waited))
 
     def _bucket(self, rows: int) -> int:
         """The measured bucket nearest to `rows`' bucket (the smaller on a tie)."""
@@ -141,18 +158,23 @@ class CostModel:
     def to_json(self) -> dict:
         return {"plain": {str(b): s for b, s in self.plain.items()},
                 "drafted": {str(b): {str(w): s for w, s in t.items()} for b, t in self.drafted.items()},
-                "ragged": {str(b): {str(e): s for e, s in t.items()} for b, t in self.ragged.items()}}
+                "ragged": {str(b): {str(e): s for e, s in t.items()} for b, t in self.ragged.items()},
+                "waited": {str(b): share for b, share in self.waited.items()}}
 
     @classmethod
     def from_json(cls, data: dict) -> CostModel:
         return cls({int(b): float(s) for b, s in data["plain"].items()},
                    {int(b): {int(w): float(s) for w, s in t.items()} for b, t in data["drafted"].items()},
-                   {int(b): {int(e): float(s) for e, s in t.items()} for b, t in data.get("ragged", {}).items()})
+                   {int(b): {int(e): float(s) for e, s in t.items()} for b, t in data.get("ragged", {}).items()},
+                   {int(b): float(share) for b, share in data.get("waited", {}).items()})
 
     def update(self, other: CostModel) -> None:
         self.plain.update(other.plain)
         self.drafted.update(other.drafted)
         self.ragged.update(other.ragged)
+        for bucket in other.buckets():  # a bucket measured again drops what was known of its last measurement
+            self.waited.pop(bucket, None)
+        self.waited.update(other.waited)
         self._known.clear()
 
 
@@ -176,7 +198,8 @@ def step_kinds(widths: list[int], bucket: int, ragged: bool) -> list[tuple[str, 
     return [("width", w) for w in widths] + [("extra", e) for e in extras]
 
 
-def measure_costs(time_kinds, widths: list[int], buckets: list[int], ragged: bool = True) -> CostModel:
+def measure_costs(time_kinds, widths: list[int], buckets: list[int], ragged: bool = True,
+                  watch=lambda: WaitWatch(torch.get_num_threads())) -> CostModel:
     """Time every kind of step in each bucket and price it: `time_kinds(rows, kinds, cycles)` decodes `rows` rows
     taking the `kinds` (`step_kinds`) in turn, step after step, for `cycles` cycles, and returns each kind's
     seconds, one a cycle. Each of `ROUNDS` rounds times `STEPS_PER_ROUND` cycles after `WARM_STEPS` untimed ones
@@ -186,21 +209,28 @@ def measure_costs(time_kinds, widths: list[int], buckets: list[int], ragged: boo
     each cycle and its median kept: where each width was timed in a block of its own, a slow spell (another job)
     or a fast one (a 2-core Ice Lake VM ran plain steps at 13 ms for a second and 19-20 ms around it) priced some
     widths and not others. Where a drafted width still timed faster than a plain step, up to EXTRA_ROUNDS more
-    rounds run, and a drafted width is never priced below a plain step."""
+    rounds run, and a drafted width is never priced below a plain step.
+
+    No statistic of the times saves a bucket timed while another job held the cores at every step, so each
+    bucket's timing runs in a `watch()` (cpu_wait.WaitWatch) and the model keeps the share of it that our threads
+    waited for a CPU (`CostModel.waited`): measure.py measures a bucket timed busy again on a quiet machine."""
     if 1 not in widths:
         raise ValueError(f"the widths to time must include 1, the plain step every other is priced against: {widths}")
     model = CostModel()
     for bucket in buckets:
         kinds = step_kinds(widths, bucket, ragged)
         times: dict[tuple, list[float]] = {kind: [] for kind in kinds}
-        for _ in range(ROUNDS):
-            _time_round(times, time_kinds, bucket, kinds)
-        prices = priced(times)
-        for _ in range(EXTRA_ROUNDS):
-            if not _faster_than_plain(prices, widths):
-                break
-            _time_round(times, time_kinds, bucket, kinds)
+        with watch() as waiting:
+            for _ in range(ROUNDS):
+                _time_round(times, time_kinds, bucket, kinds)
             prices = priced(times)
+            for _ in range(EXTRA_ROUNDS):
+                if not _faster_than_plain(prices, widths):
+                    break
+                _time_round(times, time_kinds, bucket, kinds)
+                prices = priced(times)
+        if waiting.share is not None:
+            model.waited[bucket] = waiting.share
         plain = model.plain[bucket] = prices[PLAIN]
         # A drafted step is a plain step's verify plus the draft's forward: it is never cheaper. Priced below one
         # (the plain steps all met slow spells), drafting would look free, and the policy would draft where it loses
@@ -253,6 +283,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                                 taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
                      statistic="every kind in turn; plain min x median of ratios to the cycle's plain step",
+                     # a cache without it may have been timed on a busy machine unseen: measured once more
+                     waited="share of the timing our threads waited for a CPU, kept per bucket",
                      prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)))
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -14,6 +14,7 @@ from ..io.targets import cache_root
 from ..model.target import Target
 from .costs import (PLAIN, PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, batch_bucket, cost_key,
                     linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
+from .cpu_wait import WaitWatch, busy
 from .drafter import Drafter
 from .generate import stream
 from .policy import candidate_widths
@@ -22,8 +23,9 @@ from .proposers import ChainProposer, TreeProposer, chain
 
 def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fresh: bool = False) -> CostModel:
     """The step costs of this target and draft at batch sizes up to `rows` (costs.py): from this process's memory,
-    else the disk cache, else measured now by timing every kind of step in turn (`CycleWatch`), and cached. `fresh` measures them again
-    (once per process) and replaces the cached ones: after a first measurement on a busy machine."""
+    else the disk cache, else measured now by timing every kind of step in turn (`CycleWatch`), and cached. A
+    cached bucket timed on a busy machine is measured again where this one is quiet now (`_checked`). `fresh`
+    measures them all again (once per process) and replaces the cached ones."""
     config = getattr(drafter, "config", None)
     if config is None:  # a drafter double (tests) has no model to time: a plain step, the draft at a third of one
         return linear_costs(plain=1.0, draft=1 / 3, per_position=0.02)
@@ -42,30 +44,57 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     if key_on_disk is not None and not set(buckets) <= model.buckets():
         cached = read_cached(folder, key_on_disk)
         if cached is not None:
-            _check_cached(cached, target, drafter, tree)
+            cached = _checked(cached, target, drafter, tree)
         model.update(cached or CostModel())
     missing = [b for b in buckets if b not in model.buckets()]
     if missing:
         K = drafter.block_size
         widths = candidate_widths(2 * K if tree else K)
-        model.update(measure_costs(lambda b, kinds, n: timed_kinds(target, drafter, tree, b, kinds, n), widths,
-                                   missing))
+        measured = measure_costs(lambda b, kinds, n: timed_kinds(target, drafter, tree, b, kinds, n), widths,
+                                 missing)
+        if measured.busy_buckets():
+            warnings.warn(busy_note(measured, "kept for this run and measured again at the next start on a quiet "
+                                              "machine (or run once with --measure-costs)"), stacklevel=3)
+        model.update(measured)
         if key is not None:
             write_cached(folder, key, model)
     return model
 
 
-def _check_cached(cached: CostModel, target: Target, drafter: Drafter, tree: bool) -> None:
-    """Warn where the cache's plain step of any batch size is far slower than a few timed now
-    (costs.stale_cache_note). Every cached bucket is probed, since the whole cache is kept once read (a server
-    reads it for its first 1-row bucket and prices every later batch from it): a measurement taken while other jobs
-    ran can price one row right and a batch wrong (2 rows at 12.3 ms against 7.3 timed on the quiet machine)."""
-    for bucket in sorted(cached.plain):
-        probe = timed_kinds(target, drafter, tree, bucket, [PLAIN], WARM_STEPS + STEPS_PER_ROUND)[PLAIN][WARM_STEPS:]
-        note = stale_cache_note(cached.plain[bucket], probe, rows=bucket) if probe else None
-        if note:
-            warnings.warn(note, stacklevel=4)
-            return
+def _checked(cached: CostModel, target: Target, drafter: Drafter, tree: bool) -> CostModel:
+    """The cached model to use: less the buckets timed on a busy machine where this one is quiet now (they are then
+    measured again and the cache replaced), else all of it. A few plain steps of every cached bucket are timed now:
+    a warning names a cache whose plain step is far slower than now (costs.stale_cache_note), and the share of
+    them our threads waited for a CPU tells whether the machine is quiet now (cpu_wait.py). Every bucket is probed,
+    since the whole cache is kept once read (a server reads it for its first 1-row bucket and prices every later
+    batch from it): a measurement taken while other jobs ran can price one row right and a batch wrong (2 rows at
+    12.3 ms against 7.3 timed on the quiet machine)."""
+    probes = {}  # bucket -> its plain steps' seconds now
+    with WaitWatch(torch.get_num_threads()) as waiting:
+        for bucket in sorted(cached.plain):
+            probes[bucket] = timed_kinds(target, drafter, tree, bucket, [PLAIN], WARM_STEPS + STEPS_PER_ROUND)[PLAIN]
+    again = cached.busy_buckets() if not busy(waiting.share) else set()
+    stale = [stale_cache_note(cached.plain[b], probe[WARM_STEPS:], rows=b) for b, probe in probes.items()
+             if b not in again and probe[WARM_STEPS:]]
+    if any(stale):
+        warnings.warn(next(note for note in stale if note), stacklevel=4)
+    if again:
+        warnings.warn(busy_note(cached, "the machine is quiet now: measuring them again"), stacklevel=4)
+    elif cached.busy_buckets():
+        warnings.warn(busy_note(cached, f"the machine is busy now too ({waiting.share:.0%}): kept, and measured "
+                                        "again at a start on a quiet machine (or run once with --measure-costs)"),
+                      stacklevel=4)
+    return cached.without(again)
+
+
+def busy_note(model: CostModel, then: str) -> str:
+    """A line naming the batch sizes of `model` timed on a busy machine, ending in what happens `then`."""
+    again = sorted(model.busy_buckets())
+    rows = ", ".join(str(b) for b in again)
+    share = max(model.waited[b] for b in again)
+    return (f"the step costs of {rows} row{'s' if again != [1] else ''} were timed while our threads waited "
+            f"{share:.0%} of the time for a CPU (other jobs ran, or more threads than cores), which prices "
+            f"speculation wrong: {then}")
 
 
 _COSTS: dict = {}  # cost models measured or read in this process, by cost key
