@@ -117,6 +117,38 @@ def test_bf16_without_native_products_is_one_line_of_note(monkeypatch, native, n
     assert kernels.check_bf16_note(torch.float32, torch.device("cpu")) is None
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_draft_beside_a_bf16_target_runs_where_its_products_are_fastest(monkeypatch, native):
+    """Beside a bf16 target the draft runs bf16 where bf16 is native and float32 where it is emulated (its
+    products are faster there); either way every token is the target's: its features, embeddings and head rows
+    cross into the draft's dtype, and the verify decides."""
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.options import DecodeOptions
+    from blockdraft.io.drafts import LoadedDraft, place
+    from blockdraft.model.target import Target
+
+    from conftest import random_prompts, tiny_draft, tiny_target
+
+    paths = kernels.CpuPaths("test", True, native_bf16=native, packed_bf16=False, int4=True)
+    monkeypatch.setattr(kernels, "cpu_paths", lambda: paths)
+    want = torch.bfloat16 if native else torch.float32
+    assert kernels.draft_dtype(torch.bfloat16, torch.device("cpu")) == want
+    assert kernels.draft_dtype(torch.float32, torch.device("cpu")) == torch.float32, "a float32 target's own"
+    tiny = tiny_target("llama", seed=3)
+    draft = tiny_draft(tiny, block_size=4)
+    with torch.no_grad():
+        tiny.lm_head.weight.div_(8.0)  # near-ties back, as in test_decode's bf16 tests
+    target = Target(tiny.model.bfloat16())
+    placed = place(LoadedDraft(draft, vocab=torch.arange(3, 60)), target)
+    assert placed.module.fc.weight.dtype == want
+    options = DecodeOptions(block_size=4, tree=False, adaptive=False, lookup=False)
+    for prompt in random_prompts([9, 17], seed=1):
+        alone = Decoder(target, None).generate([prompt], max_new_tokens=24, stop_token_ids=[])[0]
+        drafted = Decoder(target, placed, options).generate([prompt], max_new_tokens=24, stop_token_ids=[])[0]
+        assert drafted.stats.slot_reached, "the draft ran"
+        assert drafted.tokens == alone.tokens, "a draft in another dtype than its bf16 target's left its tokens"
+
+
 @needs_smollm2
 @pytest.mark.parametrize("argv", [["--weights", "q4"], ["--dtype", "bfloat16"]])
 def test_the_avx2_class_decodes_what_crashed_there(cpu_class, argv, capsys):

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from ..hardware import cpu_name
+from ..model.kernels import draft_dtype
 from .cpu_wait import WaitWatch, busy
 
 ROUNDS = 3  # decodes that each take every kind in turn (see measure_costs), one after another
@@ -280,7 +281,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      # the draft's: model/draft_lean.py
                      forward="lean layers, paired single rows, lean plain steps, ragged steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size, lean=True,
-                                taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids),
+                                taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids,
+                                dtype=str(draft_dtype(target.dtype, device))),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
                      statistic="every kind in turn; plain min x median of ratios to the cycle's plain step",
                      # a cache without it may have been timed on a busy machine unseen: measured once more

@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..io.drafts import LoadedDraft
 from ..metrics import AcceptanceStats
 from ..model.draft import DFlashDraftModel
+from ..model.kernels import draft_dtype
 from ..model.target import Target
 from .costs import CostModel
 from .drafter import Drafter
@@ -131,7 +132,8 @@ def as_drafter(target: Target, draft, block_size: int | None):
     object passes through.
 
     A draft is checked against the target first (once per pair): its shape and interface (docs/format.md), and
-    that it lies on the target's device in its dtype, as `load_draft(path, target)` places it."""
+    that it lies on the target's device in the dtype it runs in beside it (kernels.draft_dtype), as
+    `load_draft(path, target)` places it."""
     if isinstance(draft, DFlashDraftModel):
         draft = LoadedDraft(draft)
     if not isinstance(draft, LoadedDraft):
@@ -139,10 +141,10 @@ def as_drafter(target: Target, draft, block_size: int | None):
     if _CHECKED.get(draft.module) is not target:
         # The last-layer id is a portability rule of load_draft (docs/format.md §3.1); this loop taps it as HF does.
         check_against_target(draft.config, target.config, allow_last_layer=True)
-        weight = draft.module.fc.weight
-        if (weight.device, weight.dtype) != (target.device, target.dtype):
+        weight, dtype = draft.module.fc.weight, draft_dtype(target.dtype, target.device)
+        if (weight.device, weight.dtype) != (target.device, dtype):
             raise InputError(f"the draft's weights are {str(weight.dtype).removeprefix('torch.')} on {weight.device} "
-                             f"but the target runs {str(target.dtype).removeprefix('torch.')} on {target.device}; "
+                             f"but beside this target it runs {str(dtype).removeprefix('torch.')} on {target.device}; "
                              "load the draft with load_draft(path, target), which places it beside the target")
         _CHECKED[draft.module] = target
     return Drafter(draft, target, block_size)

@@ -36,6 +36,9 @@ class Drafter:
                  window: ContextWindow | None = None) -> None:
         draft = LoadedDraft(draft) if isinstance(draft, DFlashDraftModel) else draft
         self.draft = draft.module
+        # Its dtype: the target's, or float32 beside a bf16 target where bf16 is emulated (kernels.draft_dtype);
+        # features and embeddings come in the target's and are cast, its rows go to a head in its own dtype.
+        self.dtype = self.draft.fc.weight.dtype
         self.lean = lean_draft(self.draft)  # its inference forward with fewer ops, the same bits
         self.target = target
         self.config = draft.config
@@ -70,7 +73,7 @@ class Drafter:
         self.seen = torch.zeros(batch, dtype=torch.long, device=self.target.device)
         if self.vocab is not None:
             self.active_ids = self.vocab  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
-            self.head = self.target.row_head(self.vocab)  # built once per vocabulary
+            self.head = self.target.row_head(self.vocab, self.dtype)  # built once per vocabulary
             self._extra_head = None
             self._add_prompt_ids(prompts or [])
 
@@ -86,7 +89,7 @@ class Drafter:
         cfg = self.config
         slots = capacity if self.window is None else self.window.capacity
         return KVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, slots, cfg.head_dim,
-                       self.target.dtype, self.target.device)
+                       self.dtype, self.target.device)
 
     def _add_prompt_ids(self, prompts: list[list[int]]) -> None:
         """Let the draft propose the prompts' ids that the vocabulary lacks (a few rows: gathered, not packed)."""
@@ -107,7 +110,7 @@ class Drafter:
             extra = self.active_ids[self.vocab.numel():]  # every extra id of the request, in active_ids' order
             head = self.target.lm_head
             bias = None if getattr(head, "bias", None) is None else head.bias.detach()[extra]
-            self._extra_head = head_linear(self.target.head_rows(extra), bias, pack=False)
+            self._extra_head = head_linear(self.target.head_rows(extra).to(self.dtype), bias, pack=False)
         return self._extra_head
 
     def keep_rows(self, rows: torch.Tensor) -> None:
@@ -129,7 +132,7 @@ class Drafter:
         else:
             valid = padded_rows(counts, features.shape[1])
             slots, lengths = self.window.slots(positions, valid, total), self.window.lengths(total)
-        ctx = self.lean.project_context(features.to(self.target.dtype))  # [B, P, D]
+        ctx = self.lean.project_context(features.to(self.dtype))  # [B, P, D]
         start = KVCache.contiguous_start(slots) if self.window is None else None  # a slice copy where it can
         for layer, (k, v) in enumerate(self.lean.context_kv(ctx, positions)):
             self.cache.write(layer, k, v, slots, start)
@@ -157,11 +160,12 @@ class Drafter:
         # Non-causal: every block row sees all of its row's context and the whole block.
         mask = torch.cat([ctx_visible, ctx_visible.new_ones(B, K)], dim=1)[:, None, :].expand(B, K, span + K)
         ctx_kv = [self.cache.read(layer, span) for layer in range(cfg.num_hidden_layers)]
-        hidden = self.lean.forward(self.target.embed_tokens(block), positions, ctx_kv, mask)  # [B, K, D]
+        embedded = self.target.embed_tokens(block).to(self.dtype)  # [B, K, D]
+        hidden = self.lean.forward(embedded, positions, ctx_kv, mask)  # [B, K, D]
         # Slot 0 (the anchor) predicts nothing: the LM head runs on slots 1..n only.
         rows = hidden[:, 1: K if slots is None else 1 + slots]  # [B, n, D]
         if self.head is None:
-            return self._softcap(self.target.logits(rows)), None
+            return self._softcap(self.target.logits(rows.to(self.target.dtype))), None
         # Scored over the proposal vocabulary only [B, n, N'] (its ids: active_ids, the vocabulary's then the extra).
         logits = self.head(rows)
         extra_head = self.extra_head

@@ -15,6 +15,7 @@ from .vocab import read_vocab
 from ..cache import ContextWindow
 from ..errors import InputError
 from ..model.draft import DFlashDraftModel
+from ..model.kernels import draft_dtype
 from ..model.packed import pack_module
 from ..model.target import Target
 from .checkpoint import read_checkpoint
@@ -91,10 +92,11 @@ def untrained_draft(target: Target, num_layers: int = 2, block_size: int = 8, se
 
 
 def place(draft: LoadedDraft, target: Target | None) -> LoadedDraft:
-    """On the target's device and dtype; its linears packed like the target's (model/packed.py) when it is."""
+    """On the target's device, in the target's dtype or float32 where bf16 is emulated (kernels.draft_dtype); its
+    linears packed like the target's (model/packed.py) when it is."""
     module, vocab = draft.module, draft.vocab
     if target is not None:
-        module = module.to(device=target.device, dtype=target.dtype)
+        module = module.to(device=target.device, dtype=draft_dtype(target.dtype, target.device))
         if vocab is not None:  # once: each request's head is looked up by it
             vocab = vocab.to(target.device)
         if target.packed:

@@ -11,6 +11,7 @@ slower, never wrongly and never into a kernel's traceback:
 | the TorchScript layer loop (scripted.py) | with the int4 products | the Python layer loop (target.py) |
 | an int4 target's prompts over packed bf16 copies (prompt_path.py) | packed bf16 runs | the int4 products |
 | `--weights auto` picks q4 (embedded target) | the int4 kernel | the float path of `--dtype auto` |
+| a draft beside a bf16 target in bf16 (io/drafts.py) | native bf16 | the draft in float32 (`draft_dtype`) |
 
 Each kernel is asked once, on a tiny product, whether it runs here: a CPU that lacks a feature (an AVX2 server,
 an ARM machine) raises from the kernel, and is told apart by that alone, whatever its name. The answers are kept
@@ -77,6 +78,16 @@ def check_bf16_note(dtype: torch.dtype, device: torch.device) -> str | None:
         return None
     return (f"note: this CPU ({cpu_paths().describe()}) has no native bf16 products: bf16 runs emulated, several "
             "times slower than float32; --dtype float32 is faster here and gives the target's own tokens")
+
+
+def draft_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a draft runs in beside a target of `target_dtype`: the target's, except bf16 on a CPU without
+    native bf16 products, where float32's are faster. At q4 on an Ice Lake (AVX512, bf16 emulated, 2 threads) a
+    draft's 8-row 576x1536 product took 370 us in bf16 against 226 in float32, and its head over 8,192 ids 2.0 ms
+    against 1.5. Only proposals change, never the output: the target verifies every token."""
+    if target_dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_paths().native_bf16:
+        return torch.float32
+    return target_dtype
 
 
 def require_int4() -> None:

@@ -114,20 +114,23 @@ class Target:
         """LM head over final-normed rows [..., D] -> [..., V] float32."""
         return self.head(hidden).float()
 
-    def row_head(self, ids: torch.Tensor):
-        """The LM head restricted to the vocabulary rows ids [N] (a draft's proposal vocabulary): rows [..., D] ->
-        [..., N], packed like the target's own head. Gathering and packing 23k rows costs about as much as two
-        target steps, so each distinct ids (and head weight) is built once and kept (the last few)."""
+    def row_head(self, ids: torch.Tensor, dtype: torch.dtype | None = None):
+        """The LM head restricted to the vocabulary rows ids [N] (a draft's proposal vocabulary), in `dtype` (None:
+        the head's own): rows [..., D] -> [..., N], packed like the target's own head. Gathering and packing 23k
+        rows costs about as much as two target steps, so each distinct ids (and head weight) is built once and kept
+        (the last few)."""
         weight = self.lm_head.weight
         bias = getattr(self.lm_head, "bias", None)
         key = (ids.data_ptr(), ids.numel(), int(ids[0]), int(ids[-1]), int(ids.sum()), weight.data_ptr(),
-               None if weight.is_inference() else weight._version)
+               None if weight.is_inference() else weight._version, dtype)
         heads = self._row_heads
         if key not in heads:
             if len(heads) >= 4:
                 heads.pop(next(iter(heads)))
             rows = self.head_rows(ids)  # [N, D]
-            heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids], pack=self.packed)
+            rows = rows if dtype is None else rows.to(dtype)
+            heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids].to(rows.dtype),
+                                     pack=self.packed and rows.dtype == torch.bfloat16)
         return heads[key]
 
     def _unchecked(self, x: torch.Tensor) -> bool:
