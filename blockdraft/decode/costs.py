@@ -282,7 +282,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      forward="lean layers, paired single rows, lean plain steps, ragged steps",
                      draft=dict(layers=draft_config.num_hidden_layers, hidden=draft_config.hidden_size, lean=True,
                                 taps=list(draft_config.target_layer_ids), proposal_ids=proposal_ids,
-                                dtype=str(draft_dtype(target.dtype, device))),
+                                dtype=str(draft_dtype(target.dtype, device, bool(target.quantized))),
+                                int4=bool(target.quantized)),
                      block_size=block_size, tree=tree, rounds=ROUNDS, steps=STEPS_PER_ROUND,
                      statistic="every kind in turn; plain min x median of ratios to the cycle's plain step",
                      # a cache without it may have been timed on a busy machine unseen: measured once more

@@ -141,7 +141,8 @@ def as_drafter(target: Target, draft, block_size: int | None):
     if _CHECKED.get(draft.module) is not target:
         # The last-layer id is a portability rule of load_draft (docs/format.md §3.1); this loop taps it as HF does.
         check_against_target(draft.config, target.config, allow_last_layer=True)
-        weight, dtype = draft.module.fc.weight, draft_dtype(target.dtype, target.device)
+        weight = draft.module.hidden_norm.weight
+        dtype = draft_dtype(target.dtype, target.device, bool(target.quantized))
         if (weight.device, weight.dtype) != (target.device, dtype):
             raise InputError(f"the draft's weights are {str(weight.dtype).removeprefix('torch.')} on {weight.device} "
                              f"but beside this target it runs {str(dtype).removeprefix('torch.')} on {target.device}; "

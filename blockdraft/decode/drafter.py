@@ -12,6 +12,7 @@ from ..errors import InputError
 from ..io.drafts import LoadedDraft
 from ..model.draft import DFlashDraftModel
 from ..model.draft_lean import lean_draft
+from ..model.draft_q4 import is_int4
 from ..model.packed import head_linear
 from ..model.target import Target
 from .tree import top_candidates
@@ -38,7 +39,8 @@ class Drafter:
         self.draft = draft.module
         # Its dtype: the target's, or float32 beside a bf16 target where bf16 is emulated (kernels.draft_dtype);
         # features and embeddings come in the target's and are cast, its rows go to a head in its own dtype.
-        self.dtype = self.draft.fc.weight.dtype
+        self.dtype = self.draft.hidden_norm.weight.dtype
+        self.int4 = is_int4(self.draft)  # its products int4 (model/draft_q4.py), and then its head rows too
         self.lean = lean_draft(self.draft)  # its inference forward with fewer ops, the same bits
         self.target = target
         self.config = draft.config
@@ -73,7 +75,7 @@ class Drafter:
         self.seen = torch.zeros(batch, dtype=torch.long, device=self.target.device)
         if self.vocab is not None:
             self.active_ids = self.vocab  # [N'] = [N + E]: the vocabulary's ids, then the prompts' ids it lacks
-            self.head = self.target.row_head(self.vocab, self.dtype)  # built once per vocabulary
+            self.head = self.target.row_head(self.vocab, self.dtype, int4=self.int4)  # built once per vocabulary
             self._extra_head = None
             self._add_prompt_ids(prompts or [])
 

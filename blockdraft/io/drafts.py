@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from .vocab import read_vocab
 from ..cache import ContextWindow
 from ..errors import InputError
 from ..model.draft import DFlashDraftModel
+from ..model.draft_q4 import quantize_linears
 from ..model.kernels import draft_dtype
 from ..model.packed import pack_module
 from ..model.target import Target
@@ -93,10 +95,14 @@ def untrained_draft(target: Target, num_layers: int = 2, block_size: int = 8, se
 
 def place(draft: LoadedDraft, target: Target | None) -> LoadedDraft:
     """On the target's device, in the target's dtype or float32 where bf16 is emulated (kernels.draft_dtype); its
-    linears packed like the target's (model/packed.py) when it is."""
+    linears packed like the target's (model/packed.py) when it is, int4 beside an int4 target (model/draft_q4.py:
+    a copy, quantized)."""
     module, vocab = draft.module, draft.vocab
     if target is not None:
-        module = module.to(device=target.device, dtype=draft_dtype(target.dtype, target.device))
+        int4 = bool(target.quantized)
+        module = module.to(device=target.device, dtype=draft_dtype(target.dtype, target.device, int4))
+        if int4:
+            module = quantize_linears(copy.deepcopy(module))
         if vocab is not None:  # once: each request's head is looked up by it
             vocab = vocab.to(target.device)
         if target.packed:

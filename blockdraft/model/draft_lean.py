@@ -7,7 +7,8 @@ dispatch whatever its size: at q4 the draft's share of a drafted step was about 
 products. This runs the same arithmetic with fewer of them:
 
 - q/k/v, k/v and gate/up as one product each where the weights are packed (packed.PackedConcat: the bits of the
-  separate products for the rows of a decode step); elsewhere the module's own products;
+  separate products for the rows of a decode step) or int4 of whole row groups (draft_q4.concat_int4: each
+  column's own bits); elsewhere the module's own products;
 - the q and k norms as one norm over both sets of heads (a norm is per head: the same arithmetic), then one RoPE
   over both, as a roll and a sign-folded sine (lean.rotate: the same products and sum);
 - lean.rms_norm's norms, and the attention bias built once per forward instead of once per layer.
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from .draft import DFlashDraftModel
 from .layers import attention_bias, grouped_sdpa, rope_cos_sin
 from .lean import rms_norm, rope_tables, rotate
+from .draft_q4 import concat_int4
 from .packed import PackedLinearModule, pack_concat
 
 
@@ -99,9 +101,10 @@ class _Layer:
         # One product for projections side by side, where the module's own run packed (packed.pack_module); None:
         # the module's products one by one.
         packed = isinstance(attn.q_proj, PackedLinearModule)
-        self.qkv = pack_concat([attn.q_proj, attn.k_proj, attn.v_proj]) if packed else None
-        self.kv = pack_concat([attn.k_proj, attn.v_proj]) if packed else None
-        self.gate_up = pack_concat([mlp.gate_proj, mlp.up_proj]) if packed else None
+        concat = pack_concat if packed else concat_int4  # int4 products (draft_q4.py) stack where they can
+        self.qkv = concat([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.kv = concat([attn.k_proj, attn.v_proj])
+        self.gate_up = concat([mlp.gate_proj, mlp.up_proj])
         if attn.q_norm.eps != attn.k_norm.eps:  # one norm serves both sets of heads
             raise ValueError(f"the q and k norms' eps differ ({attn.q_norm.eps}, {attn.k_norm.eps})")
         self._qk_weight, self._qk_stamp = None, None

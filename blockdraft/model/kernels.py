@@ -12,6 +12,7 @@ slower, never wrongly and never into a kernel's traceback:
 | an int4 target's prompts over packed bf16 copies (prompt_path.py) | packed bf16 runs | the int4 products |
 | `--weights auto` picks q4 (embedded target) | the int4 kernel | the float path of `--dtype auto` |
 | a draft beside a bf16 target in bf16 (io/drafts.py) | native bf16 | the draft in float32 (`draft_dtype`) |
+| a draft beside an int4 target as int4 products in bf16 (draft_q4.py) | the int4 kernel (as its target) | - |
 
 Each kernel is asked once, on a tiny product, whether it runs here: a CPU that lacks a feature (an AVX2 server,
 an ARM machine) raises from the kernel, and is told apart by that alone, whatever its name. The answers are kept
@@ -80,11 +81,14 @@ def check_bf16_note(dtype: torch.dtype, device: torch.device) -> str | None:
             "times slower than float32; --dtype float32 is faster here and gives the target's own tokens")
 
 
-def draft_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype a draft runs in beside a target of `target_dtype`: the target's, except bf16 on a CPU without
-    native bf16 products, where float32's are faster. At q4 on an Ice Lake (AVX512, bf16 emulated, 2 threads) a
-    draft's 8-row 576x1536 product took 370 us in bf16 against 226 in float32, and its head over 8,192 ids 2.0 ms
-    against 1.5. Only proposals change, never the output: the target verifies every token."""
+def draft_dtype(target_dtype: torch.dtype, device: torch.device, int4: bool = False) -> torch.dtype:
+    """The dtype a draft runs in beside a target of `target_dtype` (`int4`: whose layers are int4): the target's,
+    except bf16 on a CPU without native bf16 products, where float32's are faster (an Ice Lake's 8-row 576x1536
+    product took 370 us in bf16 against 226 in float32, 2 threads). Beside an int4 target the draft's own products
+    are int4 too (draft_q4.py), which take bf16 inputs: it stays bf16. Only proposals change, never the output:
+    the target verifies every token."""
+    if int4:
+        return target_dtype
     if target_dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_paths().native_bf16:
         return torch.float32
     return target_dtype

@@ -17,6 +17,7 @@ import torch
 from ..cache import KVCache
 from ..errors import ConfigError
 from . import q4, q8, scripted
+from .draft_q4 import Int4Head
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual, rope_tables
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import head_linear
@@ -114,23 +115,26 @@ class Target:
         """LM head over final-normed rows [..., D] -> [..., V] float32."""
         return self.head(hidden).float()
 
-    def row_head(self, ids: torch.Tensor, dtype: torch.dtype | None = None):
+    def row_head(self, ids: torch.Tensor, dtype: torch.dtype | None = None, int4: bool = False):
         """The LM head restricted to the vocabulary rows ids [N] (a draft's proposal vocabulary), in `dtype` (None:
-        the head's own): rows [..., D] -> [..., N], packed like the target's own head. Gathering and packing 23k
-        rows costs about as much as two target steps, so each distinct ids (and head weight) is built once and kept
-        (the last few)."""
+        the head's own), or as int4 rows (`int4`: an int4 draft's, draft_q4.Int4Head): rows [..., D] -> [..., N],
+        packed like the target's own head. Gathering and packing 23k rows costs about as much as two target steps,
+        so each distinct ids (and head weight) is built once and kept (the last few)."""
         weight = self.lm_head.weight
         bias = getattr(self.lm_head, "bias", None)
         key = (ids.data_ptr(), ids.numel(), int(ids[0]), int(ids[-1]), int(ids.sum()), weight.data_ptr(),
-               None if weight.is_inference() else weight._version, dtype)
+               None if weight.is_inference() else weight._version, dtype, int4)
         heads = self._row_heads
         if key not in heads:
             if len(heads) >= 4:
                 heads.pop(next(iter(heads)))
             rows = self.head_rows(ids)  # [N, D]
             rows = rows if dtype is None else rows.to(dtype)
-            heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids].to(rows.dtype),
-                                     pack=self.packed and rows.dtype == torch.bfloat16)
+            if int4 and bias is None and rows.shape[1] % 32 == 0:
+                heads[key] = Int4Head(rows)
+            else:
+                heads[key] = head_linear(rows, None if bias is None else bias.detach()[ids].to(rows.dtype),
+                                         pack=self.packed and rows.dtype == torch.bfloat16)
         return heads[key]
 
     def _unchecked(self, x: torch.Tensor) -> bool:
