@@ -84,17 +84,36 @@ def fixed_step_costs(request, monkeypatch):
         monkeypatch.setattr(measure, "WaitWatch", QuietWatch)
 
 
-class QuietWatch:
-    """cpu_wait.WaitWatch on a machine whose threads never wait for a CPU."""
+def fixed_watch(share):
+    """A cpu_wait.WaitWatch stand-in whose threads waited `share()` of every block it watches."""
 
-    def __init__(self, threads: int = 1) -> None:
-        self.share = None
+    class Watch:
+        def __init__(self, threads: int = 1) -> None:
+            self.share = None
 
-    def __enter__(self):
-        return self
+        def __enter__(self):
+            return self
 
-    def __exit__(self, *exc) -> None:
-        self.share = 0.0
+        def __exit__(self, *exc) -> None:
+            self.share = share()
+
+    return Watch
+
+
+QuietWatch = fixed_watch(lambda: 0.0)  # a machine whose threads never wait for a CPU
+
+
+def assert_drafted_tokens_are_the_targets(target, draft, options, prompts, max_new_tokens: int = 24) -> None:
+    """Each prompt decoded with `draft` under `options` gives the target alone's tokens, and the draft ran."""
+    from blockdraft.decode.decoder import Decoder
+
+    for prompt in prompts:
+        alone = Decoder(target, None).generate([prompt], max_new_tokens=max_new_tokens, stop_token_ids=[])[0]
+        drafted = Decoder(target, draft, options).generate([prompt], max_new_tokens=max_new_tokens,
+                                                           stop_token_ids=[])[0]
+        assert drafted.stats.slot_reached, "the draft never ran: the test would prove nothing"
+        assert drafted.tokens == alone.tokens, f"prompt of {len(prompt)} tokens: the draft's proposals left the " \
+                                               "target's own tokens"
 
 
 def tiny_target(family: str = "llama", layers: int = 6, seed: int = 0) -> Target:

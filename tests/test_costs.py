@@ -9,7 +9,7 @@ from blockdraft.decode.costs import CostModel, batch_bucket, linear_costs, read_
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.measure import measured_costs
 
-from conftest import tiny_draft, tiny_target
+from conftest import fixed_watch, tiny_draft, tiny_target
 
 
 def test_costs_interpolate_between_measured_widths_and_borrow_the_nearest_bucket():
@@ -300,17 +300,8 @@ def _shared_machine(phase: dict):
     def timed_kinds(target, drafter, tree, rows, kinds, cycles):
         return {kind: [quiet(kind) + (0.030 if phase["busy"] else 0.0)] * cycles for kind in kinds}
 
-    class Watch:
-        def __init__(self, threads: int = 1) -> None:
-            self.share = None
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> None:
-            self.share = 0.6 if phase["busy"] else 0.0
-
-    return timed_kinds, Watch, {w: quiet(("width", w)) / quiet(("width", 1)) for w in (2, 4, 8)}
+    watch = fixed_watch(lambda: 0.6 if phase["busy"] else 0.0)
+    return timed_kinds, watch, {w: quiet(("width", w)) / quiet(("width", 1)) for w in (2, 4, 8)}
 
 
 def _drafts_at_tau_one_and_a_half(model) -> bool:

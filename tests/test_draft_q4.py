@@ -10,7 +10,7 @@ from torch import nn
 from blockdraft.model import q4
 from blockdraft.model.draft_q4 import Int4Head, concat_int4, is_int4, quantize_int4, quantize_linears
 
-from conftest import random_prompts, tiny_draft
+from conftest import assert_drafted_tokens_are_the_targets, random_prompts, tiny_draft
 
 
 def test_each_weight_lies_within_half_a_step_of_its_code():
@@ -49,7 +49,6 @@ def test_a_draft_beside_an_int4_target_is_int4_and_the_output_is_the_targets():
     head rows; it still proposes, and every token is the target's own."""
     from test_q4 import quantized_target
 
-    from blockdraft.decode.decoder import Decoder
     from blockdraft.decode.drafter import Drafter
     from blockdraft.decode.options import DecodeOptions
     from blockdraft.io.drafts import LoadedDraft, place
@@ -63,8 +62,4 @@ def test_a_draft_beside_an_int4_target_is_int4_and_the_output_is_the_targets():
     drafter.start(1, 64, [[5, 6, 7]])
     assert isinstance(drafter.head, Int4Head), "the head rows stayed float"
     options = DecodeOptions(block_size=4, tree=False, adaptive=False, lookup=False)
-    for prompt in random_prompts([7, 12], seed=2):
-        alone = Decoder(target, None).generate([prompt], max_new_tokens=20, stop_token_ids=[])[0]
-        drafted = Decoder(target, placed, options).generate([prompt], max_new_tokens=20, stop_token_ids=[])[0]
-        assert drafted.stats.slot_reached, "the draft ran"
-        assert drafted.tokens == alone.tokens, "an int4 draft's proposals left the target's own tokens"
+    assert_drafted_tokens_are_the_targets(target, placed, options, random_prompts([7, 12], seed=2), 20)

@@ -122,12 +122,11 @@ def test_a_draft_beside_a_bf16_target_runs_where_its_products_are_fastest(monkey
     """Beside a bf16 target the draft runs bf16 where bf16 is native and float32 where it is emulated (its
     products are faster there); either way every token is the target's: its features, embeddings and head rows
     cross into the draft's dtype, and the verify decides."""
-    from blockdraft.decode.decoder import Decoder
     from blockdraft.decode.options import DecodeOptions
     from blockdraft.io.drafts import LoadedDraft, place
     from blockdraft.model.target import Target
 
-    from conftest import random_prompts, tiny_draft, tiny_target
+    from conftest import assert_drafted_tokens_are_the_targets, random_prompts, tiny_draft, tiny_target
 
     paths = kernels.CpuPaths("test", True, native_bf16=native, packed_bf16=False, int4=True)
     monkeypatch.setattr(kernels, "cpu_paths", lambda: paths)
@@ -142,11 +141,7 @@ def test_a_draft_beside_a_bf16_target_runs_where_its_products_are_fastest(monkey
     placed = place(LoadedDraft(draft, vocab=torch.arange(3, 60)), target)
     assert placed.module.fc.weight.dtype == want
     options = DecodeOptions(block_size=4, tree=False, adaptive=False, lookup=False)
-    for prompt in random_prompts([9, 17], seed=1):
-        alone = Decoder(target, None).generate([prompt], max_new_tokens=24, stop_token_ids=[])[0]
-        drafted = Decoder(target, placed, options).generate([prompt], max_new_tokens=24, stop_token_ids=[])[0]
-        assert drafted.stats.slot_reached, "the draft ran"
-        assert drafted.tokens == alone.tokens, "a draft in another dtype than its bf16 target's left its tokens"
+    assert_drafted_tokens_are_the_targets(target, placed, options, random_prompts([9, 17], seed=1))
 
 
 @needs_smollm2
