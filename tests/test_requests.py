@@ -71,7 +71,7 @@ def test_a_draft_for_another_target_or_placed_elsewhere_is_refused(pair):
     with pytest.raises(ConfigError, match="num_target_layers"):
         generate(target, proposer(target, other), [[5, 6, 7]], max_new_tokens=4)
     halved = tiny_draft(target, layers=1, block_size=4).to(torch.bfloat16)
-    with pytest.raises(InputError, match="bfloat16 on cpu but the target runs float32 on cpu; load the draft with"):
+    with pytest.raises(InputError, match="bfloat16 on cpu but beside this target it runs float32 on cpu; load the"):
         generate(target, proposer(target, halved), [[5, 6, 7]], max_new_tokens=4)
 
 
