@@ -138,6 +138,14 @@ AFTER_GPU.append((SHIPPED_AFTER_GPU["21"][0] + 50, SHIPPED_AFTER_GPU["21"][1] + 
 AFTER_GPU.append((SHIPPED_AFTER_GPU["21"][0] + 50 + 70, SHIPPED_AFTER_GPU["21"][1] + 934_744 + 738_782,
                   SHIPPED_AFTER_GPU["21"][2] + 1.968 - 1.929, SHIPPED_AFTER_GPU["21"][3] + 1.610 - 1.641, "23"))
 
+# Stage 24 (2026-12-07, the same Ice Lake): stage 23 continued 60 minutes (2 threads, float32; 1,213 steps) over
+# cpu-b's greedy answers (which stage 21 had seen: no new distinct tokens) beside human-e, gpu-b and human-code;
+# beside stage 21 in one run (bf16, emulated there: 2.017 / 1.657 against 1.922 / 1.644). Shipped (docs/history.md
+# §30).
+SHIPPED_AFTER_GPU["24"] = (SHIPPED_AFTER_GPU["21"][0] + 50 + 70 + 60, SHIPPED_AFTER_GPU["21"][1] + 934_744 + 738_782,
+                           SHIPPED_AFTER_GPU["21"][2] + 2.017 - 1.922, SHIPPED_AFTER_GPU["21"][3] + 1.657 - 1.644)
+
+
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
     for minutes, *_ in STAGES.values():
@@ -219,9 +227,13 @@ def main() -> None:
         per_hour = (taus[column - 2] - GPU_STAGES["10"][column]) / (minutes / 60)
         step_minutes, _, *step_taus = SHIPPED_AFTER_GPU[before]
         per_hour_last = (taus[column - 2] - step_taus[column - 2]) / ((minutes - step_minutes) / 60)
+        left = goal - taus[column - 2]
+        outlook = (f"{goal} reached on this curve's scale (the curve's values are stage 21's AMX-Xeon run plus "
+                   "each later stage's same-run gain)" if left <= 0 else
+                   f"{goal} needs {left / per_hour:.1f} more CPU-hours at the first slope, {left / per_hour_last:.1f} "
+                   "at the second")
         print(f"{name}: +{per_hour:.3f} tau per CPU-hour from stage 10 to {last} (+{per_hour_last:.3f} from "
-              f"{before} to {last}); {goal} needs {(goal - taus[column - 2]) / per_hour:.1f} more CPU-hours at the "
-              f"first slope, {(goal - taus[column - 2]) / per_hour_last:.1f} at the second")
+              f"{before} to {last}); {outlook}")
     print(f"wrote {args.out}")
 
 
