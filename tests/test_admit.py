@@ -12,7 +12,8 @@ from blockdraft.decode.selection import Selector
 from blockdraft.errors import InputError
 from blockdraft.sampling import SamplingParams
 
-from conftest import proposer, tiny_draft, tiny_target
+from step_fakes import proposer
+from tiny_models import tiny_draft, tiny_target
 
 FIRST = [[1, 5, 9, 13, 17], [3, 4]]
 LATER = [[7, 8, 9, 10, 11, 12, 13, 14, 15], [2, 6], [5, 5, 5, 9]]
@@ -139,7 +140,7 @@ def test_pending_features_stay_as_wide_as_a_row_however_long_the_batch_runs(monk
     the longest row's context, not grow by a position every step."""
     import blockdraft.decode.generate as generate_module
 
-    from conftest import own_proposer
+    from step_fakes import own_proposer
 
     class PlainOnly:
         def at_batch(self, rows) -> None:

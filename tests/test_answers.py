@@ -12,10 +12,14 @@ from blockdraft.train.answers import Answers, answer_id, answer_seed, example_ke
 from blockdraft.train.batches import load_split, split_by_prompt
 from blockdraft.train.data import Example, example_prompt_key, read_examples, write_shard
 
-from test_regenerate import build as build_greedy
-from test_regenerate import target  # noqa: F401 (the fixture: a tiny target over PROMPTS)
+from train_fakes import build_greedy, prompted_target
 
 SAMPLED = Answers(3, 0.9)
+
+
+@pytest.fixture
+def target(monkeypatch):
+    return prompted_target(monkeypatch)
 
 
 def build(target, out, count, **overrides):

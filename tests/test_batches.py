@@ -17,7 +17,8 @@ from blockdraft.decode.proposers import TargetAlone
 from blockdraft.errors import InputError
 from blockdraft.sampling import SamplingParams
 
-from conftest import VOCAB, ScriptedDrafter, proposer, random_prompts, tiny_draft, tiny_target
+from step_fakes import ScriptedDrafter, proposer
+from tiny_models import VOCAB, random_prompts, tiny_draft, tiny_target
 
 
 # ---------------------------------------------------------------------------------------------- ragged batches

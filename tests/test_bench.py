@@ -24,7 +24,7 @@ from blockdraft.commands import bench as command
 from blockdraft.commands.bench import report
 from blockdraft.prompts import Prompt, benchmark_set_names
 
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 STOP = 2  # the tiny targets' eos id
 

@@ -11,7 +11,7 @@ import pytest
 
 from blockdraft.bench.methods import choose_methods, reference_method
 
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 STOP = 2  # the tiny targets' eos id
 

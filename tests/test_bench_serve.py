@@ -29,7 +29,7 @@ from blockdraft.bench.serve_sweep import SweepSettings, sweep
 from blockdraft.cli import main
 from blockdraft.server import create_app
 
-from conftest import MODEL, loopback
+from server_client import MODEL, loopback
 
 MESSAGES = [[{"role": "user", "content": text}] for text in ("Once upon", "Hello there", "abc")]
 HARDWARE = {"device": "test CPU", "torch": "x", "transformers": "y"}

@@ -9,8 +9,7 @@ import pytest
 from blockdraft.decode.costs import CostModel, linear_costs
 from blockdraft.decode.measure import measured_costs
 
-from conftest import fixed_watch
-from test_costs import cached_for_a_tiny_target
+from step_fakes import cached_for_a_tiny_target, fixed_watch
 
 
 def _shared_machine(phase: dict):

@@ -14,7 +14,7 @@ from blockdraft.cli import build_parser, main
 from blockdraft.commands.chat import ChatSession
 from blockdraft.decode.decoder import Decoder
 
-from conftest import char_tokenizer, tiny_draft, tiny_target
+from tiny_models import char_tokenizer, tiny_draft, tiny_target
 
 
 @pytest.fixture

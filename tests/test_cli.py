@@ -11,7 +11,7 @@ import torch
 from blockdraft.cli import main
 from blockdraft.io.checkpoint import write_checkpoint
 
-from conftest import char_tokenizer, tiny_draft, tiny_target
+from tiny_models import char_tokenizer, tiny_draft, tiny_target
 
 
 def run(capsys, *argv):

@@ -9,7 +9,8 @@ from blockdraft.decode.costs import CostModel, batch_bucket, linear_costs, read_
 from blockdraft.decode.drafter import Drafter
 from blockdraft.decode.measure import measured_costs
 
-from conftest import tiny_draft, tiny_target
+from step_fakes import cached_for_a_tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 
 def test_costs_interpolate_between_measured_widths_and_borrow_the_nearest_bucket():
@@ -166,22 +167,6 @@ def test_a_cache_from_a_busier_machine_is_named_and_kept():
     assert stale_cache_note(0.030, [0.011, 0.010, 0.012]) is not None, "cached 3x slower than now: say so"
     assert stale_cache_note(0.012, [0.010, 0.030]) is None, "within the ratio: nothing to say"
     assert stale_cache_note(0.010, [0.030]) is None, "a busy machine now does not make the cache wrong"
-
-
-def cached_for_a_tiny_target(tmp_path, monkeypatch, cached):
-    """A named tiny target and its K = 4 drafter, with `cached` written as their step costs' disk cache (None:
-    none) and the process's memory of cost models emptied: what a decode finds on a machine that measured before."""
-    import blockdraft.decode.measure as generate
-    from blockdraft.decode.costs import cost_key
-
-    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
-    monkeypatch.setattr(generate, "_COSTS", {})
-    target = tiny_target("llama")
-    target.name = "tiny-test-target"
-    drafter = Drafter(tiny_draft(target, block_size=4), target)
-    if cached is not None:
-        write_cached(tmp_path / "costs", cost_key(target, drafter.config, 4, True, None), cached)
-    return target, drafter
 
 
 @pytest.mark.measured_costs

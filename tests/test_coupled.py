@@ -14,7 +14,8 @@ from blockdraft.decode.generate import generate
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
 
-from conftest import ScriptedDrafter, proposer, random_prompts, tiny_draft, tiny_target
+from step_fakes import ScriptedDrafter, proposer
+from tiny_models import random_prompts, tiny_draft, tiny_target
 
 SAMPLING = SamplingParams(temperature=1.0, top_p=0.95, seed=77)
 PROMPT_LENGTHS = [4, 11, 2, 7]

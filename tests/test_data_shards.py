@@ -14,7 +14,7 @@ from blockdraft.train.batches import data_fingerprint, load_split
 from blockdraft.train.data import Example, read_examples, write_shard
 from blockdraft.train.shards import ShardSizer, encode_shard, tokenizer_fingerprint
 
-from conftest import char_tokenizer
+from tiny_models import char_tokenizer
 
 FINGERPRINT = "f" * 64
 EXAMPLES = [Example("a", [1, 7, 8, 9], [0, 0, 1, 1]), Example("set:b:2", [1, 40, 41, 42, 2], [0, 1, 1, 1, 1]),

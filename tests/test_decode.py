@@ -10,7 +10,8 @@ from blockdraft.decode.generate import generate
 from blockdraft.decode.proposers import TargetAlone
 from blockdraft.errors import InputError
 
-from conftest import ScriptedDrafter, proposer, random_prompts, tiny_draft, tiny_target
+from step_fakes import ScriptedDrafter, proposer
+from tiny_models import random_prompts, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 

@@ -12,7 +12,8 @@ from blockdraft.train.objective import block_targets, dpace_weights, sample_anch
 from blockdraft.train.settings import TrainConfig
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, config, tensors, tiny_target, write_data
+from tiny_models import VOCAB, tiny_target
+from train_fakes import config, tensors, write_data
 
 K = 6
 

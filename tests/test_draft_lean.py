@@ -7,7 +7,7 @@ import torch
 
 from blockdraft.model.draft_lean import LeanDraft, lean_draft
 from blockdraft.model.packed import PackedLinearModule, pack_module, packing_supported
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 CASES = [  # (dtype, packed): float32 runs the module's products; bf16 packed runs the stacked ones
     (torch.float32, False),

@@ -10,7 +10,8 @@ from torch import nn
 from blockdraft.model import q4
 from blockdraft.model.draft_q4 import Int4Head, concat_int4, is_int4, quantize_int4, quantize_linears
 
-from conftest import assert_drafted_tokens_are_the_targets, random_prompts, tiny_draft
+from step_fakes import assert_drafted_tokens_are_the_targets
+from tiny_models import quantized_target, random_prompts, tiny_draft
 
 
 def test_each_weight_lies_within_half_a_step_of_its_code():
@@ -47,8 +48,6 @@ def test_an_int4_head_scores_close_to_its_rows():
 def test_a_draft_beside_an_int4_target_is_int4_and_the_output_is_the_targets():
     """Placed beside an int4 target, a draft's products become int4 (a copy: the module given is kept), with its
     head rows; it still proposes, and every token is the target's own."""
-    from test_q4 import quantized_target
-
     from blockdraft.decode.drafter import Drafter
     from blockdraft.decode.options import DecodeOptions
     from blockdraft.io.drafts import LoadedDraft, place

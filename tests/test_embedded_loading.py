@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import needs_smollm2
+from tiny_models import needs_smollm2
 
 pytestmark = needs_smollm2
 

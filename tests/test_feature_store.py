@@ -15,7 +15,8 @@ from blockdraft.train.features import FeatureCache
 from blockdraft.train.forward import target_features
 from blockdraft.train.trainer import train
 
-from conftest import assert_same_update, config, tiny_target, write_data
+from tiny_models import tiny_target
+from train_fakes import assert_same_update, config, write_data
 
 TAPS = (0, 1)  # the tiny target has 4 layers: the store stops after layer 1
 

@@ -18,7 +18,7 @@ import torch
 from blockdraft.cli import main
 from blockdraft.errors import CheckpointError
 from blockdraft.io.gguf_draft import (gguf_name, gguf_problems, read_gguf_draft, write_gguf_draft)
-from conftest import VOCAB, needs_smollm2, tiny_draft, tiny_target
+from tiny_models import VOCAB, needs_smollm2, tiny_draft, tiny_target
 
 gguf = pytest.importorskip("gguf")
 

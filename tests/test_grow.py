@@ -12,7 +12,8 @@ from blockdraft.model.draft import DFlashDraftModel
 from blockdraft.train.grow import grown_config, load_grown
 from blockdraft.train.trainer import train
 
-from conftest import config, tensors, tiny_draft, tiny_target, write_data
+from tiny_models import tiny_draft, tiny_target
+from train_fakes import config, tensors, write_data
 
 
 def block_inputs(draft: DFlashDraftModel, seed: int = 0):

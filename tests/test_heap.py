@@ -10,7 +10,8 @@ import pytest
 import blockdraft.train.trainer as trainer
 from blockdraft import heap
 
-from conftest import config, tiny_target, write_data
+from tiny_models import tiny_target
+from train_fakes import config, write_data
 
 # In a fresh interpreter: 256 blocks of 1 MiB from the heap (the mmap threshold raised above them, as glibc does
 # itself once a large block is freed), written, then all but every 16th freed: holes between live blocks, which

@@ -16,7 +16,7 @@ import torch
 from blockdraft.io.drafts import DEFAULT_DRAFT
 from blockdraft.cli import main
 from blockdraft.io.checkpoint import read_checkpoint, read_config, write_checkpoint
-from conftest import needs_smollm2, tiny_draft, tiny_target
+from tiny_models import needs_smollm2, tiny_draft, tiny_target
 
 PROMPTS = [
     "Write a haiku about autumn leaves.",

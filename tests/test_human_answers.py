@@ -16,7 +16,7 @@ from blockdraft.train.batches import data_fingerprint, make_micro_batch
 from blockdraft.train.data import Example, emitted_tokens, read_examples, write_shard
 from blockdraft.train.objective import block_targets, decay_weights
 
-from conftest import char_tokenizer, tiny_target
+from tiny_models import char_tokenizer, tiny_target
 
 
 def test_prefill_labels_follow_the_greedy_path_only():

@@ -14,7 +14,8 @@ from blockdraft.train.forward import split_teacher, target_features
 from blockdraft.train.objective import block_targets, sample_anchors, teacher_positions, weighted_loss
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, assert_same_update, config, tensors, tiny_target, write_data
+from tiny_models import VOCAB, tiny_target
+from train_fakes import assert_same_update, config, tensors, write_data
 
 B, S, A, K, D = 2, 24, 5, 6, 16
 

@@ -18,7 +18,7 @@ from blockdraft.io.targets import parse_dtype, resolve_weights, weights_dtype
 from blockdraft.model import kernels
 from blockdraft.model.packed import packing_supported
 
-from conftest import needs_smollm2
+from tiny_models import needs_smollm2
 
 CLASSES = list(cpu_switch.CLASSES)
 
@@ -126,7 +126,8 @@ def test_a_draft_beside_a_bf16_target_runs_where_its_products_are_fastest(monkey
     from blockdraft.io.drafts import LoadedDraft, place
     from blockdraft.model.target import Target
 
-    from conftest import assert_drafted_tokens_are_the_targets, random_prompts, tiny_draft, tiny_target
+    from step_fakes import assert_drafted_tokens_are_the_targets
+    from tiny_models import random_prompts, tiny_draft, tiny_target
 
     paths = kernels.CpuPaths("test", True, native_bf16=native, packed_bf16=False, int4=True)
     monkeypatch.setattr(kernels, "cpu_paths", lambda: paths)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blockdraft.model.lean import activation_function, gated, norm_function, residual, rms_norm, rope_tables, rotate
-from conftest import tiny_target
+from tiny_models import tiny_target
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -16,8 +16,8 @@ from blockdraft.decode.policy import AdaptiveWidth, FixedWidth, make_policy
 from blockdraft.decode.selection import Selector
 from blockdraft.sampling import SamplingParams
 
-from conftest import (COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, own_proposer, proposer, tiny_draft,
-                      tiny_target)
+from step_fakes import AlternatingLookup, COSTS, CyclingWidth, ScriptedDrafter, own_proposer, proposer
+from tiny_models import tiny_draft, tiny_target
 from exact_sampling import (ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit,
                             joint_counts)
 

@@ -19,7 +19,7 @@ from blockdraft.train.magpie import (
     user_turn_header,
 )
 
-from conftest import char_tokenizer, tiny_target
+from tiny_models import char_tokenizer, tiny_target
 
 # A template in the manner of ChatML: a default system turn when none is given, each turn closed by </s> (id 2).
 CHATML = ("{% if messages[0]['role'] != 'system' %}<s>system: be kind</s>{% endif %}"

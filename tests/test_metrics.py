@@ -8,7 +8,8 @@ from blockdraft.decode.generate import generate
 
 from blockdraft.decode.proposers import TargetAlone
 from blockdraft.metrics import AcceptanceStats, tau_bins
-from conftest import ScriptedDrafter, proposer, tiny_draft, tiny_target
+from step_fakes import ScriptedDrafter, proposer
+from tiny_models import tiny_draft, tiny_target
 
 
 def test_tau_bins_are_one_to_k_then_an_overflow_bin():

@@ -11,7 +11,7 @@ from blockdraft.decode.drafter import Drafter
 from blockdraft.model.layers import (apply_rope, attention_bias, grouped_attention, linear_rows, rope_cos_sin,
                                      rope_inv_freq)
 
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 
 def _explicit_layer_attention(attn, x_normed, ctx, ctx_pos, block_pos, inv_freq):

@@ -20,7 +20,8 @@ from blockdraft.decode.selection import Selector
 from blockdraft.errors import CheckpointError
 from blockdraft.sampling import SamplingParams
 
-from conftest import COSTS, own_proposer, tiny_draft, tiny_target
+from step_fakes import COSTS, own_proposer
+from tiny_models import tiny_draft, tiny_target
 from exact_sampling import ALPHA, NUM_TOKENS, exact_joint, goodness_of_fit, joint_counts
 
 

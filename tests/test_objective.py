@@ -30,7 +30,7 @@ from blockdraft.train.objective import (
     weighted_loss,
 )
 
-from conftest import VOCAB, tiny_draft, tiny_target
+from tiny_models import VOCAB, tiny_draft, tiny_target
 
 K = 16
 ANCHORS = [3, 9, 10, 17, 25]  # overlapping blocks (9, 10) and blocks running past the end (25 + 15 > S)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from blockdraft.model.packed import PackedLinear, pack_linear, packing_supported
 from blockdraft.model.target import Target
 
-from conftest import VOCAB, needs_packing, tiny_target
+from tiny_models import VOCAB, needs_packing, tiny_target
 
 
 
@@ -98,7 +98,7 @@ def test_inference_tensor_weights_pack():
 def test_a_packed_draft_keeps_its_keys_and_its_outputs():
     from blockdraft.model.packed import PackedLinearModule, pack_module
 
-    from conftest import tiny_draft
+    from tiny_models import tiny_draft
 
     target = tiny_target("qwen3")
     plain = tiny_draft(target, block_size=4).bfloat16().eval()

@@ -6,7 +6,7 @@ import torch
 from blockdraft.decode import pending as pending_module
 from blockdraft.decode.pending import TAIL_LIMIT, Pending, join_pending, pending_room
 
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 
 def test_join_pending_appends_each_rows_entries():

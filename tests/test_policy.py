@@ -13,8 +13,8 @@ from blockdraft.decode.policy import (AdaptiveWidth, FixedWidth, TreeWidth, cand
                                      make_policy)
 from blockdraft.metrics import AcceptanceStats
 
-from conftest import (COSTS, AlternatingLookup, CyclingWidth, ScriptedDrafter, own_proposer, proposer, tiny_draft,
-                      tiny_target)
+from step_fakes import AlternatingLookup, COSTS, CyclingWidth, ScriptedDrafter, own_proposer, proposer
+from tiny_models import tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 

@@ -4,16 +4,12 @@ a row's prefill is the same in any batch, and a CPU without packed bf16 keeps th
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from blockdraft.model import kernels, prompt_path
 from blockdraft.model.target import Target
 
-from test_q4 import quantized_target
-
-needs_packing = pytest.mark.skipif(not kernels.cpu_paths().packed_bf16,
-                                   reason="oneDNN's packed bf16 product does not run on this CPU")
+from tiny_models import needs_packing, quantized_target
 
 
 def prefill_logits(target: Target, prompt: torch.Tensor, prompt_path_on: bool) -> torch.Tensor:

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from blockdraft.errors import CheckpointError
 from blockdraft.io import gguf as gguf_io
 from blockdraft.model import q4
-from blockdraft.model.target import Target
+
+from tiny_models import quantized_target
 
 gguf = pytest.importorskip("gguf")
 Q4_1 = gguf.GGMLQuantizationType.Q4_1
@@ -90,33 +91,6 @@ def test_gradients_are_refused_with_the_fix():
         linear(torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True))
 
 
-def quantized_target(seed: int = 0) -> tuple[Target, Target]:
-    """A tiny bf16 Llama target over Q4_1 blocks of its own weights, and a plain bf16 one over the same weights as
-    the int4 kernel sees them (dequantized)."""
-    import copy
-
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)).bfloat16()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # decisive argmaxes: greedy ties would test nothing
-    layers = []
-    plain = copy.deepcopy(model)
-    for layer, twin in zip(model.model.layers, plain.model.layers):
-        modules = {n: getattr(layer.self_attn, f"{n}_proj") for n in ("q", "k", "v", "o")}
-        modules |= {n: getattr(layer.mlp, f"{n}_proj") for n in ("gate", "up", "down")}
-        blocks = {n: q4.Q4Blocks(torch.from_numpy(gguf.quants.quantize(m.weight.detach().float().numpy(), Q4_1)))
-                  for n, m in modules.items()}
-        layers.append(blocks)
-        for n, b in blocks.items():  # the twin multiplies by the kernel's own weights, in bf16
-            owner = twin.self_attn if n in ("q", "k", "v", "o") else twin.mlp
-            with torch.no_grad():
-                getattr(owner, f"{n}_proj").weight.copy_(q4.dequantize_int4(*q4.int4_form([b])))
-    return Target(model, quantized=layers, pack_weights=True), Target(plain, pack_weights=True)
-
-
 def test_quantized_target_frees_its_bf16_projections_and_steps_like_them():
     quantized, plain = quantized_target()
     assert all(isinstance(m, q4.Q4Module) for layer in quantized.layers for m in
@@ -138,7 +112,7 @@ def test_quantized_target_frees_its_bf16_projections_and_steps_like_them():
 
 
 def test_speculation_over_int4_weights_returns_the_target_alones_tokens():
-    from conftest import ScriptedDrafter
+    from step_fakes import ScriptedDrafter
 
     from blockdraft.decode.decoder import Decoder
     from blockdraft.decode.options import DecodeOptions

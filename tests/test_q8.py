@@ -16,7 +16,7 @@ from blockdraft.io import gguf as gguf_io
 from blockdraft.model import q8
 from blockdraft.model.packed import PackedLinear
 
-from conftest import needs_packing, needs_smollm2
+from tiny_models import needs_packing, needs_smollm2
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 

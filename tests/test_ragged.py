@@ -18,7 +18,8 @@ from blockdraft.sampling import SamplingParams, accept as accept_module
 from blockdraft.sampling.accept import speculative_sample
 from blockdraft.decode.selection import Selector
 
-from conftest import COSTS, own_proposer, tiny_draft, tiny_target
+from step_fakes import COSTS, own_proposer
+from tiny_models import tiny_draft, tiny_target
 from exact_sampling import ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, goodness_of_fit, joint_counts
 
 PROMPTS = [[1, 5, 9, 13, 17, 5, 9, 13, 17, 5], [3, 4, 3, 4, 3], [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8]]

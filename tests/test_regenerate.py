@@ -10,29 +10,16 @@ import pytest
 
 from blockdraft.decode.decoder import Decoder
 from blockdraft.errors import InputError
-from blockdraft.prompts.readers import Prompt
 from blockdraft.train import regenerate
 from blockdraft.train.data import Example, read_examples, write_shard
 from blockdraft.train.shards import tokenizer_fingerprint
 
-from conftest import char_tokenizer, tiny_target
-
-PROMPTS = [Prompt(str(i), ({"role": "user", "content": "ab" * (i % 4 + 1) + str(i)},), "fake") for i in range(12)]
-PROMPTS.append(Prompt("dup", PROMPTS[0].messages, "fake"))  # a duplicate of prompt 0
+from train_fakes import build_greedy, prompted_target
 
 
 @pytest.fixture
 def target(monkeypatch):
-    monkeypatch.setattr(regenerate, "training_prompts", lambda sets: PROMPTS)
-    target = tiny_target("llama")
-    target.tokenizer = char_tokenizer()
-    return target
-
-
-def build(target, out, count, **overrides):
-    settings = dict(sets=["fake"], count=count, max_prompt_tokens=64, max_new_tokens=6, batch_size=3, shard_size=2,
-                    seed=1)
-    return regenerate.build_dataset(target, out, **{**settings, **overrides})
+    return prompted_target(monkeypatch)
 
 
 def contents(examples):
@@ -40,7 +27,7 @@ def contents(examples):
 
 
 def test_writes_shards_and_meta(target, tmp_path):
-    meta = build(target, tmp_path, count=5)
+    meta = build_greedy(target, tmp_path, count=5)
     examples = read_examples(tmp_path)
     assert len(examples) == meta["examples"] == 5 and meta["complete"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("data-")) == [
@@ -52,41 +39,41 @@ def test_writes_shards_and_meta(target, tmp_path):
 
 
 def test_resume_keeps_written_shards_and_adds_only_new_prompts(target, tmp_path, monkeypatch):
-    build(target, tmp_path, count=4)
+    build_greedy(target, tmp_path, count=4)
     before = {p.name: p.read_bytes() for p in tmp_path.glob("data-*.safetensors")}
     regenerated = []
     generate = Decoder.generate
     monkeypatch.setattr(Decoder, "generate", lambda self, prompts, **kw: (regenerated.extend(prompts),
                                                                           generate(self, prompts, **kw))[1])
-    meta = build(target, tmp_path, count=7)
+    meta = build_greedy(target, tmp_path, count=7)
     examples = read_examples(tmp_path)
     assert len(regenerated) == 3, "the 4 prompts already written are not regenerated"
     assert len({e.id for e in examples}) == len(examples) == meta["examples"] == 7
     assert all(tmp_path.joinpath(name).read_bytes() == data for name, data in before.items())
     assert meta["response_tokens"] == sum(sum(e.loss_mask) for e in examples)
     fresh = tmp_path / "fresh"
-    build(target, fresh, count=7)
+    build_greedy(target, fresh, count=7)
     assert sorted(e.id for e in read_examples(fresh)) == sorted(e.id for e in examples), "same prompts as one run"
 
 
 def test_skip_held_draws_only_prompts_another_folder_lacks(target, tmp_path):
-    build(target, tmp_path / "a", count=5)
+    build_greedy(target, tmp_path / "a", count=5)
     held = {tuple(e.input_ids[: e.loss_mask.index(1)]) for e in read_examples(tmp_path / "a")}
-    meta = build(target, tmp_path / "b", count=5, seed=2, skip_held=[tmp_path / "a"])
+    meta = build_greedy(target, tmp_path / "b", count=5, seed=2, skip_held=[tmp_path / "a"])
     fresh = read_examples(tmp_path / "b")
     assert len(fresh) == meta["examples"] == 5, "held prompts do not count toward --count"
     assert not held & {tuple(e.input_ids[: e.loss_mask.index(1)]) for e in fresh}
     assert meta["skipped"]["held_elsewhere"] > 0
-    unfiltered = build(target, tmp_path / "c", count=5, seed=2)
+    unfiltered = build_greedy(target, tmp_path / "c", count=5, seed=2)
     assert unfiltered["skipped"]["held_elsewhere"] == 0
     with pytest.raises(InputError, match="names the --out folder"):
-        build(target, tmp_path / "a", count=6, skip_held=[tmp_path / "a"])
+        build_greedy(target, tmp_path / "a", count=6, skip_held=[tmp_path / "a"])
 
 
 def test_resume_with_other_settings_is_refused(target, tmp_path):
-    build(target, tmp_path, count=2)
+    build_greedy(target, tmp_path, count=2)
     with pytest.raises(InputError, match="max_new_tokens.*new --out"):
-        build(target, tmp_path, count=4, max_new_tokens=9)
+        build_greedy(target, tmp_path, count=4, max_new_tokens=9)
     assert json.loads((tmp_path / "meta.json").read_text())["max_new_tokens"] == 6
 
 
@@ -94,7 +81,7 @@ def test_resume_with_other_settings_is_refused(target, tmp_path):
 def test_counts_below_one_are_refused_by_name(target, tmp_path, name):
     # shard_size 0 wrote empty shards forever; count 0 regenerated every prompt.
     with pytest.raises(InputError, match=f"`{name}` must be a whole number >= 1"):
-        build(target, tmp_path, **{"count": 4, name: 0})
+        build_greedy(target, tmp_path, **{"count": 4, name: 0})
 
 
 def test_an_empty_response_is_remembered_not_regenerated(target, tmp_path, monkeypatch):
@@ -111,12 +98,12 @@ def test_an_empty_response_is_remembered_not_regenerated(target, tmp_path, monke
     monkeypatch.setattr(Decoder, "generate",
                         lambda decoder, prompts, **kw: (prompts_seen or prompts_seen.append(prompts[0]),
                                                         first_one_empty(decoder, prompts, **kw))[1])
-    meta = build(target, tmp_path, count=4)
+    meta = build_greedy(target, tmp_path, count=4)
     assert meta["skipped"]["empty_response"] == 1 and meta["examples"] == 3
     asked = []
     monkeypatch.setattr(Decoder, "generate", lambda decoder, prompts, **kw: (asked.extend(prompts),
                                                                           generate(decoder, prompts, **kw))[1])
-    meta = build(target, tmp_path, count=4)
+    meta = build_greedy(target, tmp_path, count=4)
     assert asked == [] and meta["skipped"]["empty_response"] == 1, "counted once, never regenerated"
 
 
@@ -153,18 +140,18 @@ def test_a_run_stopped_midway_leaves_a_usable_folder_and_resumes_to_the_same_dat
 
     monkeypatch.setattr(Decoder, "generate", stopped_at_third_batch)
     with pytest.raises(KeyboardInterrupt):
-        build(target, tmp_path / "stopped", count=9)
+        build_greedy(target, tmp_path / "stopped", count=9)
     monkeypatch.setattr(Decoder, "generate", generate)
     meta = json.loads((tmp_path / "stopped" / "meta.json").read_text())
     partial = read_examples(tmp_path / "stopped")
     assert not meta["complete"] and len(partial) == meta["examples"] == 6, "two batches of 3 in 3 shards of 2"
-    build(target, tmp_path / "stopped", count=9)
-    build(target, tmp_path / "whole", count=9)
+    build_greedy(target, tmp_path / "stopped", count=9)
+    build_greedy(target, tmp_path / "whole", count=9)
     assert contents(read_examples(tmp_path / "stopped")) == contents(read_examples(tmp_path / "whole"))
 
 
 def test_an_old_json_lines_folder_is_read_and_resumed_with_binary_shards(target, tmp_path):
-    build(target, tmp_path, count=4)
+    build_greedy(target, tmp_path, count=4)
     old = read_examples(tmp_path)
     for shard in sorted(tmp_path.glob("data-*.safetensors")):  # the folder as an earlier version wrote it
         examples = [Example(e.id, e.input_ids, e.loss_mask) for e in read_examples(shard)]
@@ -174,18 +161,18 @@ def test_an_old_json_lines_folder_is_read_and_resumed_with_binary_shards(target,
     del meta["tokenizer_sha256"], meta["magpie"]
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     assert read_examples(tmp_path) == old, "JSON Lines shards read back as the same examples"
-    meta = build(target, tmp_path, count=7)
+    meta = build_greedy(target, tmp_path, count=7)
     names = sorted(p.name for p in tmp_path.glob("data-*"))
     assert names == ["data-00000.jsonl", "data-00001.jsonl", "data-00002.safetensors", "data-00003.safetensors"]
     examples = read_examples(tmp_path)
     assert examples[:4] == old and len({e.id for e in examples}) == meta["examples"] == 7
-    build(target, tmp_path / "fresh", count=7)
+    build_greedy(target, tmp_path / "fresh", count=7)
     assert contents(examples) == contents(read_examples(tmp_path / "fresh")), "as if written by one run"
 
 
 def test_shards_stay_under_the_byte_bound(target, tmp_path):
     bound = 700
-    meta = build(target, tmp_path, count=8, shard_size=100, max_shard_bytes=bound)
+    meta = build_greedy(target, tmp_path, count=8, shard_size=100, max_shard_bytes=bound)
     shards = sorted(tmp_path.glob("data-*.safetensors"))
     sizes = [len(read_examples(shard)) for shard in shards]
     assert len(shards) > 1 and sum(sizes) == meta["examples"] == 8, "the byte bound, not shard_size, cut them"
@@ -194,10 +181,10 @@ def test_shards_stay_under_the_byte_bound(target, tmp_path):
 
 
 def test_a_shard_of_another_tokenizer_is_refused_on_resume(target, tmp_path):
-    build(target, tmp_path, count=2)
+    build_greedy(target, tmp_path, count=2)
     target.tokenizer.add_tokens(["<extra>"])  # another vocabulary: ids would mean other tokens
     with pytest.raises(InputError, match="tokenizer_sha256"):
-        build(target, tmp_path, count=4)
+        build_greedy(target, tmp_path, count=4)
 
 
 def test_magpie_prompts_take_their_share_and_grow_with_count(target, tmp_path, monkeypatch):
@@ -208,13 +195,13 @@ def test_magpie_prompts_take_their_share_and_grow_with_count(target, tmp_path, m
         ids = [e.id for e in read_examples(tmp_path)] + meta["empty_response_ids"]
         return sorted(i for i in ids if i.startswith("magpie:"))
 
-    meta = build(target, tmp_path, count=4, **settings)
+    meta = build_greedy(target, tmp_path, count=4, **settings)
     assert len(magpie_ids(meta)) == 2 and meta["magpie"]["fraction"] == 0.5, "half of count 4"
     tried = meta["magpie_prompts"]["candidates"]
-    meta = build(target, tmp_path, count=8, **settings)
+    meta = build_greedy(target, tmp_path, count=8, **settings)
     assert len(magpie_ids(meta)) == 4 and meta["magpie_prompts"]["candidates"] > tried, "the list grew"
-    build(target, tmp_path / "fresh", count=8, **settings)
+    build_greedy(target, tmp_path / "fresh", count=8, **settings)
     assert contents(read_examples(tmp_path)) == contents(read_examples(tmp_path / "fresh")), \
         "a grown run holds what one run of the larger count holds"
     with pytest.raises(InputError, match="magpie"):
-        build(target, tmp_path, count=8, **{**settings, "magpie_fraction": 0.25})
+        build_greedy(target, tmp_path, count=8, **{**settings, "magpie_fraction": 0.25})

@@ -15,7 +15,8 @@ from blockdraft.decode.proposers import TargetAlone
 from blockdraft.cache import ContextWindow
 from blockdraft.errors import ConfigError, InputError
 
-from conftest import proposer, tiny_draft, tiny_target
+from step_fakes import proposer
+from tiny_models import tiny_draft, tiny_target
 
 
 @pytest.fixture(scope="module")

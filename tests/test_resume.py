@@ -12,7 +12,8 @@ import torch
 from blockdraft.errors import CheckpointError, ConfigError, InputError
 from blockdraft.train.trainer import train
 
-from conftest import config, tensors, tiny_draft, tiny_target, write_data
+from tiny_models import tiny_draft, tiny_target
+from train_fakes import config, tensors, write_data
 
 
 class Killed(Exception):

@@ -24,7 +24,7 @@ from blockdraft.sampling import (
     sample_from_uniforms,
 )
 
-from conftest import CyclingWidth, own_proposer, proposer
+from step_fakes import CyclingWidth, own_proposer, proposer
 from exact_sampling import (ALPHA, NUM_ROWS, NUM_TOKENS, exact_joint, final_draw_from_p, goodness_of_fit,
                             joint_counts)
 
@@ -41,7 +41,7 @@ def one_thread():
 
 
 # ---------------------------------------------------------------------------------------------- tiny vocabulary
-# (the small_models fixture, the exact joint and the chi-square test: conftest.py)
+# (the small_models fixture: conftest.py; the exact joint and the chi-square test: exact_sampling.py)
 
 
 def sampled_counts(target, draft, params, *, block_size=4, num_rows=NUM_ROWS, draft_argmax=False,

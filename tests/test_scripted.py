@@ -7,7 +7,7 @@ import torch
 
 from blockdraft.model import q4, scripted
 from blockdraft.model.target import Target
-from conftest import tiny_target
+from tiny_models import tiny_target
 
 
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible server: routes, streaming, batching, failures, a real client.
 
 Refusals of bad requests are in test_server_refusals.py, batching, cancelling and failures in
-test_server_batching.py; all three share the fixtures and request builders in conftest.py.
+test_server_batching.py; all three share the fixtures in conftest.py and the request builders in server_client.py.
 
 The server is a thin layer, so its outputs are checked against the library: a request's text is the
 library's greedy decode of the same prompt, streamed chunks concatenate to the whole response, and requests
@@ -25,7 +25,8 @@ from blockdraft.server import create_app
 from blockdraft.server.stops import StopStrings
 from blockdraft.io.prompts import encode_prompt
 
-from conftest import CHAT, LIMIT, MODEL, TEXT, chat_body, proposer, sse_payloads, streamed_text, text_body, wait_for
+from server_client import CHAT, LIMIT, MODEL, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
+from step_fakes import proposer
 
 
 def library_reply(target, draft, prompt_ids, max_tokens):

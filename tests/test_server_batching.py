@@ -1,8 +1,8 @@
 """The server's batching, cancelling and failures: requests batched together each get what they get alone, a
 reader that leaves stops its row, and a failed batch is a 500 while the server keeps serving.
 
-Fixtures and request builders are shared with test_server.py through conftest.py (a tiny random target, an
-in-process client).
+Shared with test_server.py: the fixtures in conftest.py (a tiny random target, an in-process client) and the request
+builders in server_client.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from blockdraft.sampling import SamplingParams
 from blockdraft.server import worker as worker_module
 from blockdraft.server.worker import Tokens, Worker
 
-from conftest import CHAT, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
+from server_client import CHAT, TEXT, chat_body, sse_payloads, streamed_text, text_body, wait_for
 
 
 def batched_together(client, monkeypatch, bodies) -> tuple[list[dict], list[int]]:

@@ -26,8 +26,8 @@ from blockdraft.server import create_app
 from blockdraft.server.responses import Answer
 from blockdraft.server.worker import Job
 
-from conftest import (CHAT, MODEL, TEXT, chat_body, http_status, loopback, sse_payloads, streamed_text, text_body,
-                      wait_for)
+from server_client import (CHAT, MODEL, TEXT, chat_body, http_status, loopback, sse_payloads, streamed_text, text_body,
+                           wait_for)
 
 
 def gauge(client, name: str) -> float:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible server's refusals: each bad request gets the status and an error naming its field.
 
-Fixtures and request builders are shared with test_server.py through conftest.py (a tiny random target, an
-in-process client).
+Shared with test_server.py: the fixtures in conftest.py (a tiny random target, an in-process client) and the request
+builders in server_client.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from blockdraft.server import create_app
 
-from conftest import BODY_LIMIT, CHAT, LIMIT, MODEL, TEXT, chat_body, text_body, wait_for
+from server_client import BODY_LIMIT, CHAT, LIMIT, MODEL, TEXT, chat_body, text_body, wait_for
 
 REFUSALS = [
     (CHAT, {"foo": 1}, "foo", "unknown_parameter"),

@@ -19,7 +19,7 @@ from blockdraft.decode.costs import CostModel, batch_bucket, linear_costs
 from blockdraft.server import app as app_module
 from blockdraft.server import create_app
 
-from conftest import MODEL, TEXT, text_body, wait_for
+from server_client import MODEL, TEXT, text_body, wait_for
 
 WIDTHS = (1, 2, 3, 4, 8, 12, 16)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import needs_smollm2, proposer
+from step_fakes import proposer
+from tiny_models import needs_smollm2
 
 pytestmark = needs_smollm2
 

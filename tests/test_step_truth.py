@@ -9,7 +9,8 @@ import blockdraft.decode.generate as generate
 from blockdraft.decode.decoder import Decoder
 from blockdraft.decode.options import PRESETS
 
-from conftest import COSTS, random_prompts, tiny_draft, tiny_target
+from step_fakes import COSTS
+from tiny_models import random_prompts, tiny_draft, tiny_target
 
 spec = importlib.util.spec_from_file_location("step_truth", Path(__file__).parents[1] / "benchmarks" /
                                               "step_truth.py")

@@ -13,7 +13,8 @@ from blockdraft.model.draft import DFlashDraftModel
 from blockdraft.train.target_init import copy_target_layers
 from blockdraft.train.trainer import train
 
-from conftest import config, tensors, tiny_draft, tiny_target, write_data
+from tiny_models import tiny_draft, tiny_target
+from train_fakes import config, tensors, write_data
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

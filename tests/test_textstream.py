@@ -11,7 +11,7 @@ import pytest
 
 from blockdraft.textstream import TextStream
 
-from conftest import char_tokenizer
+from tiny_models import char_tokenizer
 
 TEXTS = [
     "def is_palindrome(s: str) -> bool:\n    return s == s[::-1]\n\nprint(is_palindrome('level'))  # True",

@@ -13,7 +13,7 @@ from blockdraft.decode.selection import Selector
 from blockdraft.decode.ties import Split, first_split, is_rounding
 from blockdraft.sampling import SamplingParams
 
-from conftest import VOCAB, random_prompts, tiny_target
+from tiny_models import VOCAB, random_prompts, tiny_target
 
 
 @pytest.fixture(scope="module")

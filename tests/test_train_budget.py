@@ -11,7 +11,8 @@ from blockdraft.api import load_draft
 from blockdraft.errors import CheckpointError
 from blockdraft.train.trainer import train
 
-from conftest import config, tiny_target, write_data
+from tiny_models import tiny_target
+from train_fakes import config, write_data
 
 
 def ticking_clock(monkeypatch) -> None:

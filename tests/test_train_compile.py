@@ -9,7 +9,7 @@ from blockdraft.train import compiled
 from blockdraft.train.compiled import CompiledForward, compiled_model, wants_compile
 from blockdraft.train.settings import TrainConfig
 
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 
 def test_auto_compiles_only_runs_long_enough_to_pay_it_back():

@@ -4,7 +4,9 @@ from blockdraft.decode.generate import generate
 from blockdraft.train.data import read_examples
 from blockdraft.train.evaluate import evaluate_online, heldout_prompts
 
-from conftest import proposer, tiny_draft, tiny_target, write_data
+from step_fakes import proposer
+from tiny_models import tiny_draft, tiny_target
+from train_fakes import write_data
 
 
 def test_evaluate_online_pools_tau(tmp_path):

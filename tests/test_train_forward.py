@@ -2,7 +2,7 @@
 
 import torch
 
-from conftest import tiny_draft, tiny_target
+from tiny_models import tiny_draft, tiny_target
 
 
 def test_feature_scale_skips_the_sink_and_floors_quiet_dimensions():

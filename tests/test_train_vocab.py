@@ -15,7 +15,8 @@ from blockdraft.train.evaluate import BlockMetrics
 from blockdraft.train.objective import batch_vocab, block_targets, sample_anchors, scored_blocks, weighted_loss
 from blockdraft.train.trainer import train
 
-from conftest import VOCAB, config, tiny_target, write_data
+from tiny_models import VOCAB, tiny_target
+from train_fakes import config, write_data
 
 B, S, A, K, D = 2, 20, 4, 5, 8
 

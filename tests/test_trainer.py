@@ -24,7 +24,9 @@ from blockdraft.model.target import Target
 from blockdraft.train.ranks import rank_device
 from blockdraft.train.trainer import train
 
-from conftest import MASK, VOCAB, assert_same_update, config, proposer, tensors, tiny_target, write_data
+from step_fakes import proposer
+from tiny_models import VOCAB, tiny_target
+from train_fakes import MASK, assert_same_update, config, tensors, write_data
 
 TESTS = Path(__file__).parent
 
@@ -326,7 +328,7 @@ WORKER = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
-from conftest import tiny_target
+from tiny_models import tiny_target
 from blockdraft.train.trainer import TrainConfig, train
 train(tiny_target("llama"), TrainConfig(**{cfg!r}))
 """
@@ -356,7 +358,7 @@ def test_a_data_shard_of_another_tokenizer_is_refused_before_training(tmp_path):
     from blockdraft.train.data import read_examples, write_shard
     from blockdraft.train.shards import tokenizer_fingerprint
 
-    from conftest import char_tokenizer
+    from tiny_models import char_tokenizer
 
     examples = read_examples(write_data(tmp_path / "jsonl"))
     other = char_tokenizer()

@@ -15,7 +15,8 @@ from blockdraft.decode.tree import TOP_K, Tree, ancestors, build_grafted_tree, b
 from blockdraft.sampling.tree import accept_path, accepted_depth, accepted_nodes, deepest_node
 from blockdraft.sampling import greedy_step
 
-from conftest import COSTS, VOCAB, ScriptedDrafter, own_proposer, proposer, tiny_draft, tiny_target
+from step_fakes import COSTS, ScriptedDrafter, own_proposer, proposer
+from tiny_models import VOCAB, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 

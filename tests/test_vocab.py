@@ -19,7 +19,8 @@ from blockdraft.errors import CheckpointError
 from blockdraft.io.checkpoint import write_checkpoint
 from blockdraft.train.data import Example
 
-from conftest import VOCAB, proposer, tiny_draft, tiny_target
+from step_fakes import proposer
+from tiny_models import VOCAB, tiny_draft, tiny_target
 
 PROMPTS = [[1, 5, 9, 13, 17], [3, 4], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 WORDS = torch.tensor([2, 20, 21, 22, 40, 41, 60, 61, 62, 63])

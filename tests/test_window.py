@@ -14,7 +14,8 @@ from blockdraft.decode.proposers import TargetAlone
 from blockdraft.cache import ContextWindow
 from blockdraft.errors import InputError
 
-from conftest import proposer, random_prompts, tiny_draft, tiny_target
+from step_fakes import proposer
+from tiny_models import random_prompts, tiny_draft, tiny_target
 
 FEATURES = 64 * 2  # the tiny target's hidden size times the draft's two tapped layers
 

@@ -117,9 +117,9 @@ class CostModel:
 
     def ragged_seconds(self, rows: int, extra: int) -> float:
         """Expected seconds of a plain step over `rows` rows that verifies `extra` more positions between them (a
-        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`; 0: the plain step), read off the straight line between them (beyond the last: its slope); the products
-        of an int4 target run rows in blocks (1-4, 5-8, 9-12, ... cost alike at SmolLM2's widths on an EPYC), so a
-        step's cost is not linear in its rows."""
+        ragged chain of lookup runs). Measured at a few counts (`RAGGED_EXTRA`; 0: the plain step), read off the
+        straight line between them (beyond the last: its slope); the products of an int4 target run rows in blocks
+        (1-4, 5-8, 9-12, ... cost alike at SmolLM2's widths on an EPYC), so a step's cost is not linear in its rows."""
         key = ("ragged", rows, extra)
         if key not in self._known:
             self._known[key] = self._ragged_seconds(rows, extra)

@@ -15,10 +15,10 @@ import pytest
 from blockdraft.model.target import Target
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the library tests' tiny models; conftest is theirs
+sys.path.insert(0, str(REPO / "tests"))  # the library tests' tiny models (tiny_models.py)
 sys.path.insert(0, str(REPO / "lab"))
 
-from conftest import char_tokenizer, needs_smollm2, tiny_target  # noqa: E402
+from tiny_models import char_tokenizer, needs_smollm2, tiny_target  # noqa: E402
 
 import gpu_check  # noqa: E402
 import gpu_prep  # noqa: E402
