@@ -145,6 +145,13 @@ AFTER_GPU.append((SHIPPED_AFTER_GPU["21"][0] + 50 + 70, SHIPPED_AFTER_GPU["21"][
 SHIPPED_AFTER_GPU["24"] = (SHIPPED_AFTER_GPU["21"][0] + 50 + 70 + 60, SHIPPED_AFTER_GPU["21"][1] + 934_744 + 738_782,
                            SHIPPED_AFTER_GPU["21"][2] + 2.017 - 1.922, SHIPPED_AFTER_GPU["21"][3] + 1.657 - 1.644)
 
+# Stage 25 (2026-12-07, the same Ice Lake): stage 24 continued 55 minutes (2 threads, float32; 1,227 steps) over
+# cpu-a's last 2,992 greedy answers (seen by stage 17: no new distinct tokens) beside cpu-b, gpu-b, human-e and
+# human-code; beside stage 24 in one run (bf16, emulated there: 2.033 / 1.666 against 2.017 / 1.657). Not shipped:
+# MT-Bench's trees and q4 chain lost (docs/history.md §31).
+AFTER_GPU.append((SHIPPED_AFTER_GPU["24"][0] + 55, SHIPPED_AFTER_GPU["24"][1],
+                  SHIPPED_AFTER_GPU["24"][2] + 2.033 - 2.017, SHIPPED_AFTER_GPU["24"][3] + 1.666 - 1.657, "25"))
+
 
 def lineage_hours() -> list[float]:
     hours, total = [], 0.0
