@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..warm_threads import warm_threads
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in float32, as the Llama/Qwen3 targets do."""
@@ -45,6 +47,8 @@ def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
     """cos and sin for absolute positions [B, T] -> two [B, T, Dh] tensors (rotate-half layout)."""
+    if positions.device.type == "cpu":
+        warm_threads()  # the first cos split over threads can round apart (warm_threads.py)
     angles = positions.float()[..., None] * inv_freq.to(positions.device)  # [B, T, Dh/2]
     emb = torch.cat([angles, angles], dim=-1)  # [B, T, Dh]
     return emb.cos().to(dtype), emb.sin().to(dtype)

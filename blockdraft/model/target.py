@@ -16,6 +16,7 @@ import torch
 
 from ..cache import KVCache
 from ..errors import ConfigError
+from ..warm_threads import warm_threads
 from . import q4, q8, scripted
 from .draft_q4 import Int4Head
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual, rope_tables
@@ -237,6 +238,8 @@ class Target:
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
         x = self.embed_tokens(input_ids)  # [B, T, D]
         B, D = x.shape[0], x.shape[-1]
+        if x.device.type == "cpu":
+            warm_threads()  # the first cos split over threads can round apart (warm_threads.py)
         c, s = rope_tables(*self.rotary(x, positions))  # [B, 1, T, Dh] each, once for all layers
         x = x.view(B * T, D)  # [M, D]: every op but attention works row by row
         rows = Ragged.of(widths, T)

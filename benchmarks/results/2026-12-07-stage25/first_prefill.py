@@ -3,9 +3,9 @@
     for i in $(seq 12); do python first_prefill.py bf16; done | sort | uniq -c
 
 On this Ice Lake (no native bf16) the first prefill of HumanEval's third prompt (122 tokens) rounded apart in 1 to 4
-of every 8 to 12 processes (4 of 10 in the last run; with MKL_NUM_THREADS=1 as well); the second prefill of a
-process never did. At q4 10 of 10 agreed, on 1 thread 6 of 6, and under a torch dispatch mode that logs every op 6
-of 6 (it changes the timing: a race).
+of every 8 to 12 processes (with MKL_NUM_THREADS=1 as well): its RoPE tables, the second thread's half of the
+process's first `cos`. The second prefill of a process never did. With blockdraft/warm_threads.py (one throwaway
+`cos` over every thread first) 12 of 12 agreed.
 """
 import hashlib
 import sys
