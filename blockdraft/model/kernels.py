@@ -13,6 +13,7 @@ slower, never wrongly and never into a kernel's traceback:
 | `--weights auto` picks q4 (embedded target) | the int4 kernel | the float path of `--dtype auto` |
 | a draft beside a bf16 target in bf16 (io/drafts.py) | native bf16 | the draft in float32 (`draft_dtype`) |
 | a draft beside an int4 target as int4 products in bf16 (draft_q4.py) | the int4 kernel (as its target) | - |
+| oneDNN's bf16 matmul in the target's forward (`aten_bf16_products`) | native bf16 | ATen's own bf16 kernel |
 
 Each kernel is asked once, on a tiny product, whether it runs here: a CPU that lacks a feature (an AVX2 server,
 an ARM machine) raises from the kernel, and is told apart by that alone, whatever its name. The answers are kept
@@ -22,6 +23,7 @@ CPU of another class would lack them, so tests run every class's paths on one ma
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 
@@ -92,6 +94,28 @@ def draft_dtype(target_dtype: torch.dtype, device: torch.device, int4: bool = Fa
     if target_dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_paths().native_bf16:
         return torch.float32
     return target_dtype
+
+
+@contextmanager
+def aten_bf16_products(device: torch.device, dtype: torch.dtype):
+    """Within it, the bf16 products on a CPU without native bf16 run ATen's own kernel instead of oneDNN's (as on
+    an AVX2 CPU, where oneDNN's does not run): the target's forward enters it (model/target.py).
+
+    Where bf16 is emulated, oneDNN's bf16 matmul rounds a row apart with the number of rows beside it and how its
+    threads split them (an Ice Lake, 2 threads: SmolLM2's head at 1-3 and every odd row count from 5 on, its MLP
+    projections at 2-35 rows), so a request's tokens depended on its batch-mates (1 of 8 HumanEval answers equal
+    to the prompt alone) and a verify block's rows on its length. ATen's kernel sums every output as a dot
+    product of its own: the same bits at every row count and thread count (8 of 8), as fast at one row, slower at
+    many (docs/design.md §14). Native bf16 (and every other dtype and device) keeps oneDNN."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or cpu_paths().native_bf16:
+        yield
+        return
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 def require_int4() -> None:

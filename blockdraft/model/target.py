@@ -17,7 +17,7 @@ import torch
 from ..cache import KVCache
 from ..errors import ConfigError
 from ..warm_threads import warm_threads
-from . import q4, q8, scripted
+from . import kernels, q4, q8, scripted
 from .draft_q4 import Int4Head
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual, rope_tables
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
@@ -114,7 +114,8 @@ class Target:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over final-normed rows [..., D] -> [..., V] float32."""
-        return self.head(hidden).float()
+        with kernels.aten_bf16_products(self.device, self.dtype):
+            return self.head(hidden).float()
 
     def row_head(self, ids: torch.Tensor, dtype: torch.dtype | None = None, int4: bool = False):
         """The LM head restricted to the vocabulary rows ids [N] (a draft's proposal vocabulary), in `dtype` (None:
@@ -199,7 +200,13 @@ class Target:
             self.kv_heads, self.head_dim, wanted, None if rows is None else rows.index)
         return x, dict(zip(wanted, copies))
 
-    def forward(
+    def forward(self, *args, **kwargs) -> TargetOutput:
+        """`_forward` (below), its bf16 products where bf16 is emulated run by ATen's own kernel, whose rows keep
+        their bits at every row count (kernels.aten_bf16_products)."""
+        with kernels.aten_bf16_products(self.device, self.dtype):
+            return self._forward(*args, **kwargs)
+
+    def _forward(
         self,
         input_ids: torch.Tensor,  # [B, T]
         positions: torch.Tensor,  # [B, T] absolute positions; slot t of the cache holds position t
@@ -258,13 +265,13 @@ class Target:
         features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
         logits = None
         if logit_rows is not None and rows is not None:  # the head over the real rows only
-            logits = spread(self.logits(self._final_norm(x))).view(B, T, -1)  # [B, T, V]
+            logits = spread(self.head(self._final_norm(x)).float()).view(B, T, -1)  # [B, T, V]
             if not _every_row(logit_rows, T):
                 logits = logits.gather(1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
         elif logit_rows is not None:
             x = x.view(B, T, D)
             picked = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
-            logits = self.logits(self._final_norm(picked))
+            logits = self.head(self._final_norm(picked)).float()
         return TargetOutput(logits=logits, features=features)
 
 
