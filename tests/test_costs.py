@@ -271,3 +271,33 @@ def test_every_kind_is_timed_in_turn_in_one_decode(tree):
     assert by_kind["extra", 1] == (False, 2, [2, 1]), "one extra guess: the first row's"
     assert by_kind["extra", 16] == (False, 16, [16, 2]), "15 a row from the first"
 
+
+
+def test_tables_timed_with_onednns_bf16_products_are_not_read_where_aten_runs_them(monkeypatch):
+    """Where bf16 is emulated the target's bf16 products run ATen's kernel (kernels.aten_bf16_products), whose
+    many-row head costs otherwise: a bf16 target's key says so there, and only there."""
+    import torch
+
+    from blockdraft.decode import costs
+    from blockdraft.model import kernels
+    from blockdraft.model.target import Target
+
+    target = Target(tiny_target("llama").model.to(torch.bfloat16))
+    target.name = "tiny-test-target"
+    config = tiny_draft(target, block_size=4).config
+    keys = {}
+    for native in (True, False):
+        paths = kernels.CpuPaths("test", True, native_bf16=native, packed_bf16=False, int4=True)
+        monkeypatch.setattr(costs, "cpu_paths", lambda paths=paths: paths)
+        keys[native] = cost_key_of(costs, target, config)
+    assert keys[True] != keys[False]
+    target32 = tiny_target("llama")
+    target32.name = "tiny-test-target"
+    monkeypatch.setattr(costs, "cpu_paths", lambda: kernels.CpuPaths("t", True, False, False, True))
+    emulated = cost_key_of(costs, target32, config)
+    monkeypatch.setattr(costs, "cpu_paths", lambda: kernels.CpuPaths("t", True, True, True, True))
+    assert cost_key_of(costs, target32, config) == emulated, "float32 keeps its tables"
+
+
+def cost_key_of(costs, target, config) -> str:
+    return costs.cost_key(target, config, 4, True, None)

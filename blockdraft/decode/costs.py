@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..hardware import cpu_name
-from ..model.kernels import draft_dtype
+from ..model.kernels import cpu_paths, draft_dtype
 from .cpu_wait import WaitWatch, busy
 
 ROUNDS = 3  # decodes that each take every kind in turn (see measure_costs), one after another
@@ -289,6 +289,10 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      # a cache without it may have been timed on a busy machine unseen: measured once more
                      waited="share of the timing our threads waited for a CPU, kept per bucket",
                      prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)))
+    if device.type == "cpu" and target.dtype == torch.bfloat16 and not cpu_paths().native_bf16:
+        # bf16 emulated: its products run ATen's kernel (kernels.aten_bf16_products), whose many-row heads cost
+        # otherwise than oneDNN's did; tables timed before are measured again
+        described["bf16_products"] = "aten"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 
 
