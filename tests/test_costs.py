@@ -275,7 +275,7 @@ def test_every_kind_is_timed_in_turn_in_one_decode(tree):
 
 def test_tables_timed_with_onednns_bf16_products_are_not_read_where_aten_runs_them(monkeypatch):
     """Where bf16 is emulated the target's bf16 products run ATen's kernel (kernels.aten_bf16_products), whose
-    many-row head costs otherwise: a bf16 target's key says so there, and only there."""
+    many-row head costs otherwise: a bf16 target's key says so there, and only there; so does a greedy screen."""
     import torch
 
     from blockdraft.decode import costs
@@ -284,6 +284,7 @@ def test_tables_timed_with_onednns_bf16_products_are_not_read_where_aten_runs_th
 
     target = Target(tiny_target("llama").model.to(torch.bfloat16))
     target.name = "tiny-test-target"
+    target._screen = None  # this machine's CPU may give it one: the screen is asked about below
     config = tiny_draft(target, block_size=4).config
     keys = {}
     for native in (True, False):
@@ -291,6 +292,8 @@ def test_tables_timed_with_onednns_bf16_products_are_not_read_where_aten_runs_th
         monkeypatch.setattr(costs, "cpu_paths", lambda paths=paths: paths)
         keys[native] = cost_key_of(costs, target, config)
     assert keys[True] != keys[False]
+    target._screen = object()  # greedy verify blocks through the int8 screen
+    assert cost_key_of(costs, target, config) != keys[False], "a screened target's tables are its own"
     target32 = tiny_target("llama")
     target32.name = "tiny-test-target"
     monkeypatch.setattr(costs, "cpu_paths", lambda: kernels.CpuPaths("t", True, False, False, True))

@@ -293,6 +293,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
         # bf16 emulated: its products run ATen's kernel (kernels.aten_bf16_products), whose many-row heads cost
         # otherwise than oneDNN's did; tables timed before are measured again
         described["bf16_products"] = "aten"
+    if getattr(target, "screened", False):  # greedy verify blocks cost little more than a plain step's head
+        described["greedy_screen"] = "int8 head, exact near the top"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -38,7 +38,7 @@ def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
         lengths = state.prompt_lengths[rows]  # [b]
         cache = state.target_cache if len(rows) == len(widths) else target.new_cache(len(rows), width)
         out = target.forward(ids, positions, cache, proposer.tap_layer_ids, logit_rows=(lengths - 1)[:, None],
-                             prompt=True)
+                             prompt=True, picks_only=selector.params.greedy)
         first[rows] = selector.first_token(out.logits[:, 0], state.row_ids[rows], lengths)
         if cache is not state.target_cache:
             state.target_cache.put_rows(rows, cache, width)
@@ -64,11 +64,12 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
     B, N = proposal.tokens.shape
     index = torch.arange(N, device=s.device).expand(B, N)  # [B, N]
     is_tree = proposal.parents is not None
-    #    A ragged chain (`widths`) runs only each row's own nodes through the target's products.
+    #    A ragged chain (`widths`) runs only each row's own nodes through the target's products. Greedy picks
+    #    need only each node's argmax (`picks_only`: the target's int8 screen where it has one, screen.py).
     out = target.forward(proposal.tokens, s[:, None] + proposal.depths, state.target_cache,
                          proposer.tap_layer_ids, logit_rows=index, slots=s[:, None] + index if is_tree else None,
                          block_mask=ancestors(proposal.parents) if is_tree else None,
-                         widths=proposal.widths)  # logits [B, N, V]
+                         widths=proposal.widths, picks_only=selector.params.greedy)  # logits [B, N, V]
 
     # 3. Accept: the path of guesses the target agrees with (or, sampling, accepts), then the target's own token
     #    after its deepest node (bonus or replacement) at path slot a.

@@ -23,6 +23,7 @@ from .lean import activation_function, mlp_function, norm_function, qkv_function
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import head_linear
 from .prompt_path import prompt_products
+from .screen import screen_for
 from .weights import build_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen2", "mistral")
@@ -73,6 +74,9 @@ class Target:
         self.packed, self.quantized = weights.packed, weights.quantized  # step costs differ (decode/costs.py)
         self._row_heads: dict[tuple, object] = {}  # row_head's cache: key -> head over those vocabulary rows
         self._final_norm = norm_function(self.final_norm)  # lean.py: the module's bits, fewer calls
+        # Greedy picks through the int8 screen where it keeps the head's argmax (screen.py), else the whole head.
+        self._screen = (screen_for(self.lm_head.weight, self.head, getattr(self.lm_head, "bias", None))
+                        if self._rows is None else None)
         # Per layer, what a forward runs, as plain functions (lean.py): with the packed products unchecked (a
         # forward checks every packed copy once, `_unchecked`, instead of at each of its ~120 calls, which cost ~5 %
         # of a one-token step here), and with the checked ones.
@@ -91,6 +95,11 @@ class Target:
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [N] of the LM head's weight [N, D], in its dtype (the file's rows when they serve it)."""
         return self._rows.rows(ids) if self._rows is not None else self.lm_head.weight.detach()[ids]
+
+    @property
+    def screened(self) -> bool:
+        """Whether greedy picks go through the int8 screen (screen.py): greedy verify blocks then cost less."""
+        return self._screen is not None
 
     @property
     def num_layers(self) -> int:
@@ -218,6 +227,7 @@ class Target:
         stop_after_taps: bool = False,  # features only: no layer past the deepest tap runs, no logits
         widths: torch.Tensor | None = None,  # [B]: row b's first widths[b] tokens are real, the rest padding
         prompt: bool = False,  # a decode's prefill: an int4 target runs it over its bf16 copies (prompt_path.py)
+        picks_only: bool = False,  # greedy: logits whose first argmax is the head's, others -inf (screen.py)
     ) -> TargetOutput:
         """Causal forward of new tokens against the cache; writes their K/V, leaves lengths alone.
 
@@ -260,18 +270,19 @@ class Target:
             x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
             tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
+        head = self._screen if picks_only and self._screen is not None else self.head
         spread = (lambda h: h) if rows is None else rows.spread  # [M', D] -> [M, D]
         tapped = {index: spread(h).view(B, T, D) for index, h in tapped.items()}
         features = torch.cat([tapped[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
         logits = None
         if logit_rows is not None and rows is not None:  # the head over the real rows only
-            logits = spread(self.head(self._final_norm(x)).float()).view(B, T, -1)  # [B, T, V]
+            logits = spread(head(self._final_norm(x)).float()).view(B, T, -1)  # [B, T, V]
             if not _every_row(logit_rows, T):
                 logits = logits.gather(1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
         elif logit_rows is not None:
             x = x.view(B, T, D)
             picked = x.gather(1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, R, D]
-            logits = self.head(self._final_norm(picked)).float()
+            logits = head(self._final_norm(picked)).float()
         return TargetOutput(logits=logits, features=features)
 
 
