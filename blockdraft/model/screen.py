@@ -121,12 +121,16 @@ def _int8_runs() -> bool:
     return bool((out == 64).all())
 
 
-def subset_keeps_bits(head, weight: torch.Tensor, rows: int = 4) -> bool:
-    """Whether `head`'s logits of a few vocabulary rows, computed alone, are the bits the whole head gives them
-    (asked once at load, on fixed random rows)."""
+def subset_keeps_bits(head, weight: torch.Tensor) -> bool:
+    """Whether `head`'s logits of some vocabulary rows, computed alone, are the bits the whole head gives them, for
+    1 to 9 input rows and 1 to 257 vocabulary rows (asked once at load, on fixed random inputs)."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, weight.shape[1], generator=generator).to(weight.dtype)  # [rows, D]
-    whole = head(x).float()  # [rows, V]
-    ids = torch.randint(0, weight.shape[0], (64,), generator=generator).unique()
-    part = torch.nn.functional.linear(x, weight.detach()[ids]).float()
-    return torch.equal(whole[:, ids], part)
+    x = torch.randn(9, weight.shape[1], generator=generator).to(weight.dtype)  # [9, D]
+    for count in (1, 2, 3, 5, 9):
+        whole = head(x[:count]).float()  # [count, V]
+        for size in (1, 2, 3, 8, 17, 64, 257):
+            ids = torch.randperm(weight.shape[0], generator=generator)[:size].sort().values
+            part = torch.nn.functional.linear(x[:count], weight.detach()[ids]).float()
+            if not torch.equal(whole[:, ids], part):
+                return False
+    return True
