@@ -16,3 +16,7 @@ for k in 3 4; do
   blockdraft bench --prompts humaneval --limit 8 --max-new-tokens 128 --methods ours-baseline,blockdraft \
     --block-size $k --threads 2 --out chain$k-humaneval > chain$k-humaneval.txt 2>&1
 done
+# 4. The default mode's parts, HumanEval: adaptive trees without lookup, fixed trees of K, and the default mode.
+blockdraft bench --prompts humaneval --limit 8 --max-new-tokens 128 \
+  --methods ours-baseline,blockdraft-adaptive,blockdraft-tree,blockdraft-lookup --threads 2 --out modes-humaneval \
+  > modes-humaneval.txt 2>&1
