@@ -161,7 +161,7 @@ def test_bad_budgets_are_refused(budget):
 
 def test_bf16_chain_speculation_returns_the_target_alones_tokens():
     # In bf16 a verify row rounds apart from a one-token step unless both attend over spans on one grid
-    # (target.SPAN_GRID): with exact spans 3 of these 12 prompts part from the target alone here.
+    # (span.SPAN_GRID): with exact spans 3 of these 12 prompts part from the target alone here.
     from blockdraft.decode.options import DecodeOptions
     from blockdraft.model.target import Target
 
@@ -200,7 +200,7 @@ def test_prompts_of_other_widths_are_prefilled_apart_and_keep_their_tokens_alone
 
 
 def test_bf16_rows_in_a_batch_return_their_tokens_alone():
-    # A batch is right-padded to its longest prompt; unless every prefill's span lies on target.SPAN_GRID, the
+    # A batch is right-padded to its longest prompt; unless every prefill's span lies on span.SPAN_GRID, the
     # causal attention kernel sums a shorter row's keys in other lanes and bf16 rounds its cache apart (1 of these
     # 12 prompts parted, and 6 of 8 HumanEval answers of SmolLM2 in a batch of 8).
     assert_bf16_batch_rows_equal_alone(3, [5, 9, 13, 17, 22, 30, 31, 40, 7, 11, 19, 25], 1, 32)

@@ -16,7 +16,7 @@ from blockdraft.sampling.argmax import first_argmax
 from tiny_models import tiny_target
 
 CPU = torch.device("cpu")
-needs_int8 = pytest.mark.skipif(not screen._int8_runs(), reason="torch's CPU int8 product does not run here")
+needs_int8 = pytest.mark.skipif(not kernels._int8_runs(), reason="torch's CPU int8 product does not run here")
 
 
 @pytest.fixture

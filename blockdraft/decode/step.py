@@ -22,7 +22,7 @@ from .tree import ancestors
 def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
     """Run the prompts through the target, pick each row's first new token (the first anchor).
 
-    Each prompt is right-padded to a multiple of SPAN_GRID positions (model/target.py), and prompts of one padded
+    Each prompt is right-padded to a multiple of SPAN_GRID positions (model/span.py), and prompts of one padded
     width are prefilled together, apart from the others: a row's prefill then has the shapes it has alone, so its
     cache and first token are the same bits in any batch, in bf16 too. The CPU attention kernel's result for a
     prompt depends on the width the forward is padded to (padded to a longer neighbour's width, a row's cache

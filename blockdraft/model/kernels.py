@@ -14,6 +14,7 @@ slower, never wrongly and never into a kernel's traceback:
 | a draft beside a bf16 target in bf16 (io/drafts.py) | native bf16 | the draft in float32 (`draft_dtype`) |
 | a draft beside an int4 target as int4 products in bf16 (draft_q4.py) | the int4 kernel (as its target) | - |
 | oneDNN's bf16 matmul in the target's forward (`aten_bf16_products`) | native bf16 | ATen's own bf16 kernel |
+| greedy picks through an int8 screen of the head (screen.py) | no native bf16, and the int8 kernel runs | the whole head |
 
 Each kernel is asked once, on a tiny product, whether it runs here: a CPU that lacks a feature (an AVX2 server,
 an ARM machine) raises from the kernel, and is told apart by that alone, whatever its name. The answers are kept
@@ -42,6 +43,7 @@ class CpuPaths:
     native_bf16: bool  # bf16 products run in hardware: bf16 is fast
     packed_bf16: bool  # oneDNN's packed bf16 linear runs
     int4: bool  # torch's CPU int4 product runs
+    int8: bool = True  # torch's CPU int8 product (bf16 rows, int8 weights) runs: the greedy screen (screen.py)
 
     @property
     def q4_pays(self) -> bool:
@@ -72,7 +74,7 @@ def cpu_paths() -> CpuPaths:
     # threads rounded a 2-row product apart from F.linear's, so the packed copy would not be the same function.
     # With the kernels capped (cpu_switch.apply) the probe answers as on that class (AVX2: it raises).
     packed = native and _packed_bf16_runs()
-    return CpuPaths(switched or detected, switched is not None, native, packed, _int4_runs())
+    return CpuPaths(switched or detected, switched is not None, native, packed, _int4_runs(), _int8_runs())
 
 
 def check_bf16_note(dtype: torch.dtype, device: torch.device) -> str | None:
@@ -148,6 +150,16 @@ def _packed_bf16_runs() -> bool:
     except RuntimeError:
         return False
     return bool((out == 16).all())
+
+
+def _int8_runs() -> bool:
+    """Whether torch's CPU int8 product runs here (bf16 rows, an int8 weight, a bf16 scale a row)."""
+    try:
+        out = torch._weight_int8pack_mm(torch.ones(1, 64, dtype=torch.bfloat16), torch.ones(8, 64, dtype=torch.int8),
+                                        torch.ones(8, dtype=torch.bfloat16))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool((out == 64).all())
 
 
 def _int4_runs() -> bool:

@@ -119,22 +119,12 @@ def screen_for(weight: torch.Tensor, head, bias: torch.Tensor | None = None) -> 
     them (asked once, here). A native-bf16 CPU multiplies by oneDNN's packed head, which promises no such thing."""
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.is_meta or bias is not None:
         return None
-    if kernels.cpu_paths().native_bf16 or not _int8_runs():
+    if kernels.cpu_paths().native_bf16 or not kernels.cpu_paths().int8:
         return None
     with kernels.aten_bf16_products(weight.device, weight.dtype):
         if not subset_keeps_bits(head, weight):
             return None
     return GreedyScreen(weight, head)
-
-
-def _int8_runs() -> bool:
-    """Whether torch's CPU int8 product runs here (bf16 rows, int8 weight, a bf16 scale a row)."""
-    try:
-        out = torch._weight_int8pack_mm(torch.ones(1, 64, dtype=torch.bfloat16), torch.ones(8, 64, dtype=torch.int8),
-                                        torch.ones(8, dtype=torch.bfloat16))
-    except (RuntimeError, AttributeError, NotImplementedError):
-        return False
-    return bool((out == 64).all())
 
 
 def subset_keeps_bits(head, weight: torch.Tensor) -> bool:

@@ -23,6 +23,8 @@ from .lean import activation_function, mlp_function, norm_function, qkv_function
 from .layers import attention_bias, causal_sdpa, grouped_sdpa
 from .packed import head_linear
 from .prompt_path import prompt_products
+from .ragged import Ragged
+from .span import attention_mask, on_span_grid
 from .screen import screen_for
 from .weights import build_weights
 
@@ -118,7 +120,7 @@ class Target:
         return torch.device("cpu") if self._rows is not None else self.embed_tokens.weight.device
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        capacity = on_span_grid(capacity)  # every span `_attention_mask` rounds up fits
+        capacity = on_span_grid(capacity)  # every span `attention_mask` (span.py) rounds up fits
         return KVCache(self.num_layers, batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -249,7 +251,7 @@ class Target:
         if slots is None and block_mask is None and T > 1 and _from_slot_zero(positions):
             bias, span = CAUSAL, T  # a prefill: no [B, T, T] mask
         else:
-            mask = _attention_mask(positions, slots, block_mask, cache.capacity)  # [B, T, span]
+            mask = attention_mask(positions, slots, block_mask, cache.capacity)  # [B, T, span]
             bias, span = attention_bias(mask, self.heads // self.kv_heads, self.dtype), mask.shape[-1]  # every layer's
         slots = positions if slots is None else slots
         start = KVCache.contiguous_start(slots)  # every row writes slots start..start+T-1: a slice copy
@@ -286,29 +288,6 @@ class Target:
         return TargetOutput(logits=logits, features=features)
 
 
-class Ragged:
-    """The real rows of a ragged forward: row b's first widths[b] of T tokens, as flat indices into the B * T
-    rows of the rectangle, in order. `gather` keeps them ([M, F] -> [M', F]); `spread` puts them back in place,
-    zeros elsewhere ([M', F] -> [M, F])."""
-
-    def __init__(self, index: torch.Tensor, total: int) -> None:
-        self.index, self.total = index, total  # [M'], M
-
-    @classmethod
-    def of(cls, widths: torch.Tensor | None, T: int) -> Ragged | None:
-        """The real rows of widths [B] over T tokens a row; None when every row is whole (or no widths)."""
-        if widths is None or bool((widths >= T).all()):
-            return None
-        real = torch.arange(T, device=widths.device)[None, :] < widths[:, None]  # [B, T]
-        return cls(real.flatten().nonzero().squeeze(1), real.numel())
-
-    def gather(self, x: torch.Tensor) -> torch.Tensor:
-        return x.index_select(0, self.index)
-
-    def spread(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(self.total, x.shape[-1]).index_copy_(0, self.index, x)
-
-
 def _every_row(logit_rows: torch.Tensor, T: int) -> bool:
     """Whether logit_rows [B, R] asks for rows 0..T-1 of every row, in order (a verify step's)."""
     return logit_rows.shape[1] == T and torch.equal(logit_rows, torch.arange(T, device=logit_rows.device).expand_as(
@@ -318,33 +297,3 @@ def _every_row(logit_rows: torch.Tensor, T: int) -> bool:
 def _from_slot_zero(positions: torch.Tensor) -> bool:
     """Whether every row of positions [B, T] is 0..T-1: a prefill, whose mask is plainly causal."""
     return torch.equal(positions, torch.arange(positions.shape[1], device=positions.device).expand_as(positions))
-
-
-def _attention_mask(positions: torch.Tensor, slots: torch.Tensor | None, block_mask: torch.Tensor | None,
-                    capacity: int):
-    """[B, T, span] bool over cache slots: causal by position, or context-plus-`block_mask` for a tree. The span is
-    rounded up to a multiple of SPAN_GRID (within `capacity`)."""
-    if slots is None:
-        columns = torch.arange(_span(int(positions.max()) + 1, capacity), device=positions.device)
-        return columns[None, None, :] <= positions[:, :, None]
-    B, T = slots.shape
-    columns = torch.arange(_span(int(slots.max()) + 1, capacity), device=slots.device)
-    mask = (columns[None, :] < slots[:, :1]).unsqueeze(1).repeat(1, T, 1)  # the context before the first slot
-    return mask.scatter(2, slots[:, None, :].expand(B, T, T), block_mask)
-
-
-# Attention spans are rounded up to a multiple of this. The CPU attention kernel sums a query's keys in vector
-# lanes of 16 floats, so two spans of other lengths can sum one row's keys in other orders, and in bf16 round it
-# apart: a one-token step of the target alone (span p + 1) against the same token in a K-row verify block (span
-# p + K). Masked keys in whole extra lanes add exact zeros, so on a common grid the row is the same bits
-# (tests/test_decode.py; docs/design.md §14).
-SPAN_GRID = 16
-
-
-def _span(needed: int, capacity: int) -> int:
-    return min(on_span_grid(needed), capacity)
-
-
-def on_span_grid(positions: int) -> int:
-    """`positions` rounded up to a multiple of SPAN_GRID."""
-    return -(-positions // SPAN_GRID) * SPAN_GRID
