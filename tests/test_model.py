@@ -145,7 +145,7 @@ def test_a_prefill_attends_causally_without_building_a_mask(monkeypatch):
     chain = torch.ones(11, 11, dtype=torch.bool).tril().expand(2, 11, 11)
     masked = target.forward(ids, positions, masked_cache, (1,), logit_rows=rows, slots=positions, block_mask=chain)
     built = []
-    monkeypatch.setattr(target_module, "_attention_mask", lambda *a: built.append(a) or pytest.fail("mask built"))
+    monkeypatch.setattr(target_module, "attention_mask", lambda *a: built.append(a) or pytest.fail("mask built"))
     causal = target.forward(ids, positions, causal_cache, (1,), logit_rows=rows)
     assert not built
     torch.testing.assert_close(causal.logits, masked.logits, atol=1e-5, rtol=1e-5)
