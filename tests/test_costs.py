@@ -3,6 +3,8 @@ cache."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from blockdraft.decode.costs import CostModel, batch_bucket, linear_costs, read_cached, write_cached
@@ -64,6 +66,30 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
     monkeypatch.setattr(generate, "_COSTS", {})
     monkeypatch.setattr(generate, "measure_costs", lambda *args: pytest.fail("the disk cache was not read"))
     assert measured_costs(target, drafter, True, rows=3) == model, "a new process reads the same model back"
+
+
+def test_the_cost_key_follows_the_code_a_step_runs(tmp_path):
+    """An edit of the model, decode or sampling code (or an upgrade) gives tables of its own; other code does not."""
+    import shutil
+
+    from blockdraft.decode.costs import STEP_CODE, code_digest
+
+    package = Path(__import__("blockdraft").__file__).parent
+    for folder in (*STEP_CODE, "commands"):
+        shutil.copytree(package / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(package / "cache.py", tmp_path / "cache.py")
+    before = code_digest(tmp_path)
+    assert code_digest(tmp_path) == before, "the same code, the same digest"
+    (tmp_path / "commands" / "generate.py").write_text("# another front end\n")
+    assert code_digest(tmp_path) == before, "code outside a step keeps the tables"
+    for edited in ("decode/step.py", "model/target.py", "sampling/accept.py", "cache.py"):
+        path = tmp_path / edited
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n")
+        assert code_digest(tmp_path) != before, f"an edit of {edited} must time the steps again"
+        path.write_bytes(original)
+    (tmp_path / "decode" / "extra.py").write_text("X = 1\n")
+    assert code_digest(tmp_path) != before, "a new module of a step's package counts"
 
 
 @pytest.mark.measured_costs
@@ -300,6 +326,8 @@ def test_tables_timed_with_onednns_bf16_products_are_not_read_where_aten_runs_th
     emulated = cost_key_of(costs, target32, config)
     monkeypatch.setattr(costs, "cpu_paths", lambda: kernels.CpuPaths("t", True, True, True, True))
     assert cost_key_of(costs, target32, config) == emulated, "float32 keeps its tables"
+    monkeypatch.setattr(costs, "step_code_digest", lambda: "edited")
+    assert cost_key_of(costs, target32, config) != emulated, "the code a step runs is part of the key"
 
 
 def cost_key_of(costs, target, config) -> str:

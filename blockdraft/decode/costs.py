@@ -5,7 +5,8 @@ never reads a live clock: in 16-bit floats a K-row verify rounds near-ties diffe
 widths chosen from wall-clock times would make the same request give different text from run to run
 (docs/design.md §14). Instead a `CostModel` is measured once, before the first decode that needs it, per
 batch-size bucket (`measure_costs`), and kept for the process and on disk (`cache_root()/costs`, one JSON file per
-key), keyed by the target, the draft, dtype, device, threads and torch version: the same request then chooses the
+key), keyed by the target, the draft, dtype, device, threads, torch version and a digest of the code a step runs
+(`code_digest`: a table timed before an upgrade or an edit is timed again): the same request then chooses the
 same widths in every run on that machine.
 
 Every kind of step (plain, each drafted width, each count of a ragged step's extra positions) is timed in turn,
@@ -27,6 +28,7 @@ Step times depend on how many rows a step decodes, so every table is kept per ba
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
@@ -288,7 +290,7 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      statistic="every kind in turn; plain min x median of ratios to the cycle's plain step",
                      # a cache without it may have been timed on a busy machine unseen: measured once more
                      waited="share of the timing our threads waited for a CPU, kept per bucket",
-                     prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)))
+                     prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)), code=step_code_digest())
     if device.type == "cpu" and target.dtype == torch.bfloat16 and not cpu_paths().native_bf16:
         # bf16 emulated: its products run ATen's kernel (kernels.aten_bf16_products), whose many-row heads cost
         # otherwise than oneDNN's did; tables timed before are measured again
@@ -296,6 +298,28 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
     if getattr(target, "screened", False):  # greedy verify blocks cost little more than a plain step's head
         described["greedy_screen"] = "int8 head, exact near the top"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:24]
+
+
+# The packages whose code runs a decode step: a table timed before any of it changed is measured again. A change
+# that moved step costs once went unnoticed by the hand-kept strings above (a cached table priced a 2-position
+# drafted q4 step at 1.34 plain steps where the code then took 1.48, and the default mode drafted where it lost).
+STEP_CODE = ("model", "decode", "sampling")
+
+
+@functools.cache
+def step_code_digest() -> str:
+    """`code_digest` of this installation: part of every cost key."""
+    return code_digest(Path(__file__).resolve().parent.parent)
+
+
+def code_digest(root: Path) -> str:
+    """A digest of the source of the code a step runs under the package folder `root` (STEP_CODE's packages and
+    the caches' module), the same on every machine that has the same code."""
+    files = sorted(path for package in STEP_CODE for path in (root / package).glob("*.py")) + [root / "cache.py"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 # A cached plain step this many times slower than one timed now was measured on a busier machine (or another one).
