@@ -59,8 +59,9 @@ def test_costs_are_measured_once_per_process_and_cached_on_disk(tmp_path, monkey
     target.name = "tiny-test-target"  # a named target's costs go to the disk cache
     drafter = Drafter(tiny_draft(target, block_size=4), target)
     model = measured_costs(target, drafter, True, rows=3)
-    assert model.buckets() == {1, 2, 4} and set(model.drafted[1]) == {2, 4, 8}, "every bucket up to 3 rows"
-    assert set(model.ragged[1]) == {0, 1, 2, 4, 8} and set(model.ragged[2]) == {0, 1, 2, 4, 8, 16}, "15 a row"
+    assert model.buckets() == {1, 2, 4}, "every bucket up to 3 rows"
+    assert set(model.drafted[1]) == {2, 3, 4, 5, 8}, "the candidates of trees of up to 2K nodes, and where costs bend"
+    assert set(model.ragged[1]) == {0, 1, 2, 3, 4, 8} and set(model.ragged[2]) == {0, 1, 2, 3, 4, 8, 16}, "15 a row"
     assert all(seconds > 0 for seconds in model.plain.values())
     assert measured_costs(target, drafter, True, rows=2) is model, "measured once per process"
     monkeypatch.setattr(generate, "_COSTS", {})

@@ -189,7 +189,12 @@ def linear_costs(plain: float, draft: float, per_position: float, widths=(2, 4, 
     return CostModel({b: plain for b in buckets}, {b: dict(drafted) for b in buckets})
 
 
-RAGGED_EXTRA = (0, 1, 2, 4, 8, 16)  # extra positions a ragged step is priced at (at most 15 a row; 0: plain)
+# Extra positions a ragged step is priced at (at most 15 a row; 0: plain), and widths a drafted step is timed at
+# beside the policy's candidates: where a step's cost bends. An int4 target's products cost alike over rows 1-4,
+# then 5-8 (about 1.5 more plain steps at 5 rows than at 4 on an Ice Lake), so a line from 4 to 8 priced the runs of
+# 4 positions (3 extra) 19 % too dear and grafted trees of 5-7 nodes up to 20 % too cheap.
+RAGGED_EXTRA = (0, 1, 2, 3, 4, 8, 16)
+TIMED_WIDTHS = (3, 5)
 
 PLAIN = ("width", 1)  # the kind every other is priced against
 
@@ -290,7 +295,8 @@ def cost_key(target, draft_config, block_size: int, tree: bool, proposal_ids: in
                      statistic="every kind in turn; plain min x median of ratios to the cycle's plain step",
                      # a cache without it may have been timed on a busy machine unseen: measured once more
                      waited="share of the timing our threads waited for a CPU, kept per bucket",
-                     prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)), code=step_code_digest())
+                     prompt=PROMPT_LENGTH, ragged=dict(extra=list(RAGGED_EXTRA)), timed_widths=list(TIMED_WIDTHS),
+                     code=step_code_digest())
     if device.type == "cpu" and target.dtype == torch.bfloat16 and not cpu_paths().native_bf16:
         # bf16 emulated: its products run ATen's kernel (kernels.aten_bf16_products), whose many-row heads cost
         # otherwise than oneDNN's did; tables timed before are measured again

@@ -12,7 +12,7 @@ import torch
 
 from ..io.targets import cache_root
 from ..model.target import Target
-from .costs import (PLAIN, PROMPT_LENGTH, STEPS_PER_ROUND, WARM_STEPS, CostModel, batch_bucket, cost_key,
+from .costs import (PLAIN, PROMPT_LENGTH, STEPS_PER_ROUND, TIMED_WIDTHS, WARM_STEPS, CostModel, batch_bucket, cost_key,
                     linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
 from .cpu_wait import WaitWatch, busy
 from .drafter import Drafter
@@ -49,7 +49,7 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
     missing = [b for b in buckets if b not in model.buckets()]
     if missing:
         K = drafter.block_size
-        widths = candidate_widths(2 * K if tree else K)
+        widths = timed_widths(2 * K if tree else K)
         measured = measure_costs(lambda b, kinds, n: timed_kinds(target, drafter, tree, b, kinds, n), widths,
                                  missing)
         if measured.busy_buckets():
@@ -59,6 +59,12 @@ def measured_costs(target: Target, drafter: Drafter, tree: bool, rows: int, fres
         if key is not None:
             write_cached(folder, key, model)
     return model
+
+
+def timed_widths(max_width: int) -> list[int]:
+    """The drafted widths a cost table times: the policy's candidates up to `max_width` and costs.TIMED_WIDTHS
+    below it, where a step's cost bends (a grafted tree or a run may verify any width between)."""
+    return sorted(set(candidate_widths(max_width)) | {w for w in TIMED_WIDTHS if w < max_width})
 
 
 def _checked(cached: CostModel, target: Target, drafter: Drafter, tree: bool) -> CostModel:
