@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from .. import __version__
 from ..hardware import cpu_name
 from ..model.kernels import cpu_paths, draft_dtype
 from .cpu_wait import WaitWatch, busy
@@ -321,8 +322,9 @@ def step_code_digest() -> str:
 def code_digest(root: Path) -> str:
     """A digest of the source of the code a step runs under the package folder `root` (STEP_CODE's packages and
     the caches' module), the same on every machine that has the same code."""
-    files = sorted(path for package in STEP_CODE for path in (root / package).glob("*.py")) + [root / "cache.py"]
-    digest = hashlib.sha256()
+    files = sorted(path for package in STEP_CODE for path in (root / package).glob("*.py"))
+    files += [root / "cache.py"] if (root / "cache.py").is_file() else []
+    digest = hashlib.sha256(__version__.encode())  # an install of bytecode only: its version at least
     for path in files:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
