@@ -27,7 +27,6 @@ import torch
 
 from blockdraft.decode import costs, measure
 from blockdraft.decode.decoder import as_drafter
-from blockdraft.decode.policy import candidate_widths
 from blockdraft.hardware import describe_line
 from blockdraft.io.drafts import load_draft
 from blockdraft.io.targets import load_target
@@ -75,7 +74,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target = load_target(weights=args.weights) if args.weights != "float32" else load_target(dtype="float32")
     drafter = as_drafter(target, load_draft(None, target), None)
-    kinds = costs.step_kinds(candidate_widths(2 * drafter.block_size), 1, ragged=True)
+    kinds = costs.step_kinds(measure.timed_widths(2 * drafter.block_size), 1, ragged=True)  # the cost model's
     print(describe_line(), f"torch {torch.__version__}, {args.threads} threads, weights {args.weights}, "
           f"{args.measurements} measurements of each design, {args.rounds} rounds x {costs.STEPS_PER_ROUND} steps")
     runs: dict = {design: [] for design in CANDIDATES}
