@@ -119,7 +119,7 @@ def test_report_ends_stdout_with_one_json_line(bench_out):
     assert rc == 0
     line = json.loads(stdout.rstrip("\n").splitlines()[-1])
     assert set(line["methods"]) == {"ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree",
-                                   "blockdraft-adaptive", "blockdraft-lookup"}
+                                   "blockdraft-adaptive", "blockdraft-lookup", "blockdraft-lookup-only"}
     assert (line["K"], line["N"], line["batch_size"], line["dtype"]) == (4, 4, 2, "float32")
     assert line["methods"]["blockdraft"]["mean_tau"] >= 1.0
 
@@ -127,7 +127,7 @@ def test_report_ends_stdout_with_one_json_line(bench_out):
 def test_report_writes_full_json_and_png(bench_out):
     _, _, out = bench_out
     document = json.loads((out / "bench.json").read_text())
-    assert len(document["rows"]) == 2 * 7, "one row per (batch, method)"
+    assert len(document["rows"]) == 2 * 8, "one row per (batch, method)"
     assert {"device", "torch", "transformers"} <= set(document["hardware"]) and document["date"]
     assert len(document["acceptance"]["blockdraft"]["tau_histogram"]) == 4 + 1, "K=4: tau 1..4 and >4"
     # fp32 tiny targets have no near-ties: every greedy method must reproduce our baseline exactly.
@@ -140,7 +140,8 @@ def test_every_method_reports_the_same_bins_at_the_k_asked_for(bench_out):
     of a K=4 run has the bins 1..4 and >4, and every acceptance table's header says K=4."""
     _, _, out = bench_out
     acceptance = json.loads((out / "bench.json").read_text())["acceptance"]
-    assert set(acceptance) == {"blockdraft", "blockdraft-tree", "blockdraft-adaptive", "blockdraft-lookup"}
+    assert set(acceptance) == {"blockdraft", "blockdraft-tree", "blockdraft-adaptive", "blockdraft-lookup",
+                               "blockdraft-lookup-only"}
     for name, acc in acceptance.items():
         assert acc["block_size"] == 4 and acc["tau_bins"] == ["1", "2", "3", "4", ">4"], (name, acc)
         assert len(acc["tau_histogram"]) == 5 and sum(acc["tau_histogram"]) == acc["steps"], (name, acc)

@@ -48,13 +48,14 @@ def test_reference_runtime_is_skipped_with_a_note_when_missing(monkeypatch):
 def test_our_methods_are_the_named_presets_and_repeat_their_output():
     from dataclasses import replace
 
-    from blockdraft.bench.methods import ADAPTIVE, BASELINE, LOOKUP, SPECULATIVE, TREE, build_methods
+    from blockdraft.bench.methods import ADAPTIVE, BASELINE, LOOKUP, LOOKUP_ONLY, SPECULATIVE, TREE, build_methods
     from blockdraft.decode.options import PRESETS
 
     target = tiny_target("llama")
     methods, _ = build_methods(target, tiny_draft(target, block_size=4), 4, [STOP])
     by_name = {m.name: m for m in methods}
-    for name, preset in ((SPECULATIVE, "chain"), (TREE, "tree"), (ADAPTIVE, "adaptive"), (LOOKUP, "default")):
+    for name, preset in ((SPECULATIVE, "chain"), (TREE, "tree"), (ADAPTIVE, "adaptive"), (LOOKUP, "default"),
+                         (LOOKUP_ONLY, "lookup-only")):
         assert by_name[name].decoder.options == replace(PRESETS[preset], block_size=4, sampler="rejection"), name
     assert not by_name[BASELINE].decoder.speculative
     for method in (by_name[ADAPTIVE], by_name[LOOKUP]):  # fresh policies per call: a prompt decodes alike twice

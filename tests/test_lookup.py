@@ -312,3 +312,35 @@ def test_graft_lengths_kept_between_steps_equal_lengths_computed_afresh():
         else:
             draft.observe(1, [0] * rows)
     assert len(set(chosen)) > 2 and 0 in chosen
+
+
+@pytest.mark.parametrize("tree", [True, False], ids=["trees", "chains"])
+def test_lookup_alone_never_runs_the_draft_and_keeps_the_targets_output(tree, monkeypatch):
+    """`drafting=False` (the bench's blockdraft-lookup-only): looked-up runs on plain steps, the draft never run."""
+    from blockdraft.decode.decoder import Decoder
+    from blockdraft.decode.drafter import Drafter
+    from blockdraft.decode.options import DecodeOptions
+
+    target = tiny_target("llama")
+    base = generate(target, TargetAlone(), PROMPTS, max_new_tokens=48, stop_token_ids=[])
+    for name in ("propose", "propose_top", "append_context"):
+        monkeypatch.setattr(Drafter, name, lambda *a, **k: pytest.fail("the draft ran"))
+    decoder = Decoder(target, tiny_draft(target, block_size=8), DecodeOptions(tree=tree, drafting=False),
+                      costs=COSTS)
+    assert decoder.proposer(len(PROMPTS)).tap_layer_ids == (), "no step taps features for a draft that never runs"
+    results = decoder.generate(PROMPTS, max_new_tokens=48, stop_token_ids=[])
+    assert [r.tokens for r in results] == [b.tokens for b in base], "lookup alone changed the target's output"
+    stats = results[0].stats
+    assert stats.lookup_steps > 0, "the prompts must give lookup runs"
+    assert stats.plain_steps + stats.lookup_steps == stats.steps, "every step plain or a lookup run"
+
+
+def test_lookup_alone_needs_lookup():
+    from blockdraft.decode.options import PRESETS, DecodeOptions
+    from blockdraft.errors import InputError
+
+    with pytest.raises(InputError, match="drafting=False"):
+        DecodeOptions(drafting=False, lookup=False)
+    with pytest.raises(InputError, match="`drafting` must be True or False"):
+        DecodeOptions(drafting="no")
+    assert PRESETS["lookup-only"].describe() == "lookup alone"

@@ -11,9 +11,11 @@ BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFER
     "ours-baseline", "hf-generate", "hf-prompt-lookup", "blockdraft", "blockdraft-tree", "blockdraft-adaptive",
     "blockdraft-lookup", "dflash-reference", "llama-cpp")
 LLAMA_SERVER, LLAMA_DFLASH = "llama-cpp-server", "llama-cpp-dflash"
-METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, REFERENCE, LLAMA_CPP,
-           LLAMA_SERVER, LLAMA_DFLASH)
-OURS = (BASELINE, SPECULATIVE, TREE, ADAPTIVE, LOOKUP)  # our decode loop: coupled samples compare across these
+LOOKUP_ONLY = "blockdraft-lookup-only"
+METHODS = (BASELINE, HF_GENERATE, PROMPT_LOOKUP, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, LOOKUP_ONLY, REFERENCE,
+           LLAMA_CPP, LLAMA_SERVER, LLAMA_DFLASH)
+# our decode loop: coupled samples compare across these
+OURS = (BASELINE, SPECULATIVE, TREE, ADAPTIVE, LOOKUP, LOOKUP_ONLY)
 REQUIRED = (BASELINE, HF_GENERATE)  # every speedup is against these, and every output is checked against the first
 
 

@@ -10,6 +10,8 @@
   drafts miss), priced by the step costs measured once (costs.py).
 - `blockdraft-lookup`: adaptive trees with each row's prompt-lookup continuation grafted on as one more path
   when it pays (decode/lookup.py): the default mode.
+- `blockdraft-lookup-only`: the default mode with the draft never run (`DecodeOptions.drafting=False`): its
+  prompt-lookup and n-gram runs verified on plain steps. Beside the default mode it says what the draft adds.
 - `dflash-reference`: the reference runtime `dflash==0.1.0` (`dflash.model.dflash_generate`), only when it is
   importable and the draft is a checkpoint folder; never a dependency.
 - `llama-cpp`: llama.cpp (`llama-cpp-python`) greedy on the target's GGUF file at its own precision, fed our
@@ -44,12 +46,14 @@ from ..errors import InputError
 from ..model.draft import DFlashDraftModel
 from ..model.target import Target
 from ..sampling import SamplingParams
-from .decoded import (ADAPTIVE, BASELINE, HF_GENERATE, LLAMA_CPP, LLAMA_DFLASH, LLAMA_SERVER, LOOKUP, METHODS, OURS,
-                      PROMPT_LOOKUP, PROMPT_LOOKUP_NUM_TOKENS, REFERENCE, REQUIRED, SPECULATIVE, TREE, Decoded)
+from .decoded import (ADAPTIVE, BASELINE, HF_GENERATE, LLAMA_CPP, LLAMA_DFLASH, LLAMA_SERVER, LOOKUP, LOOKUP_ONLY,
+                      METHODS, OURS, PROMPT_LOOKUP, PROMPT_LOOKUP_NUM_TOKENS, REFERENCE, REQUIRED, SPECULATIVE, TREE,
+                      Decoded)
 from .external import (LlamaCppMethod, ReferenceMethod, ServerMethod, llama_cpp_method, reference_method,
                        server_methods)
 
-__all__ = ["ADAPTIVE", "BASELINE", "HF_GENERATE", "LLAMA_CPP", "LLAMA_DFLASH", "LLAMA_SERVER", "LOOKUP", "METHODS",
+__all__ = ["ADAPTIVE", "BASELINE", "HF_GENERATE", "LLAMA_CPP", "LLAMA_DFLASH", "LLAMA_SERVER", "LOOKUP", "LOOKUP_ONLY",
+           "METHODS",
            "OURS", "PROMPT_LOOKUP", "REFERENCE", "REQUIRED", "SPECULATIVE", "TREE", "Decoded", "HFMethod",
            "LlamaCppMethod", "OursMethod", "ReferenceMethod", "Sampled", "ServerMethod", "build_methods",
            "choose_methods", "llama_cpp_method", "reference_method", "server_methods"]
@@ -174,6 +178,7 @@ def build_methods(target: Target, draft: DFlashDraftModel, block_size: int, stop
         ours(TREE, "tree"),
         ours(ADAPTIVE, "adaptive"),
         ours(LOOKUP, "default"),
+        ours(LOOKUP_ONLY, "lookup-only"),
     ]
     methods = [m for m in methods if m.name in names]
     notes = []

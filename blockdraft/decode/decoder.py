@@ -91,7 +91,7 @@ class Decoder:
             return ChainProposer(drafter, make_policy(K, False))
         costs = self.costs(rows, options)
         lookup = PromptLookup(K, costs, table=getattr(drafter, "ngrams", None)) if options.lookup else None
-        policy = make_policy(K, options.adaptive, costs, options.tree)
+        policy = make_policy(K, options.adaptive, costs, options.tree, options.drafting)
         if options.tree:
             return TreeProposer(drafter, policy, lookup, int(self.target.lm_head.weight.shape[0]))
         return ChainProposer(drafter, policy, lookup, int(self.target.lm_head.weight.shape[0]))

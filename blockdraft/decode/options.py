@@ -25,7 +25,9 @@ class DecodeOptions:
     sampler: "coupled" (Gumbel noise keyed by seed and position: a seed gives the target-alone sample of that
     seed), "rejection" (the draft's samples tested against p), or "auto" (coupled when seeded). draft_argmax:
     the rejection sampler proposes the draft's argmax. window: bound the draft's context memory (cache.ContextWindow;
-    None: the loaded draft's own). Each choice keeps the output exact; only speed differs."""
+    None: the loaded draft's own). drafting: False never runs the draft, and lookup's runs are verified on plain
+    steps (what prompt lookup and the n-gram table return alone: the bench's measure of the draft's own share). Each
+    choice keeps the output exact; only speed differs."""
 
     block_size: int | None = None
     tree: bool = True
@@ -35,13 +37,14 @@ class DecodeOptions:
     sampler: str = "auto"
     draft_argmax: bool = False
     window: ContextWindow | None = None
+    drafting: bool = True
 
     def __post_init__(self) -> None:
         # Each check names the field: "off" for a flag would read as on, a float block size would crash later.
         if self.block_size is not None and not is_count(self.block_size):
             raise InputError(f"`block_size` must be a positive integer or None (the draft's own), got "
                              f"{self.block_size!r}")
-        for name in ("tree", "adaptive", "lookup", "draft_argmax"):
+        for name in ("tree", "adaptive", "lookup", "draft_argmax", "drafting"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.sampling, SamplingParams):
@@ -50,6 +53,9 @@ class DecodeOptions:
         if self.sampler not in SAMPLERS:
             raise InputError(f"`sampler` must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}; use auto "
                              "(coupled when seeded, rejection otherwise)")
+        if not self.drafting and not self.lookup:
+            raise InputError("`drafting=False` without `lookup` verifies nothing but the target's own steps; run the "
+                             "target alone (no draft) or turn lookup on")
         if self.window is not None and not isinstance(self.window, ContextWindow):
             raise InputError(f"`window` must be a ContextWindow(window, sinks) or None, got {self.window!r}")
 
@@ -66,6 +72,8 @@ class DecodeOptions:
     def describe(self) -> str:
         """The decode mode in a few words, e.g. "adaptive tree + lookup"."""
         shape = "tree" if self.tree else "chain"
+        if not self.drafting:
+            return "lookup alone"
         return f"{'adaptive ' if self.adaptive else ''}{shape}{' + lookup' if self.lookup else ''}"
 
 
@@ -86,4 +94,5 @@ PRESETS = {
     "tree": DecodeOptions(tree=True, adaptive=False, lookup=False),  # a token tree of K nodes
     "adaptive": DecodeOptions(tree=True, adaptive=True, lookup=False),  # trees of 1..2K nodes
     "default": DecodeOptions(),  # adaptive trees with lookup runs grafted on
+    "lookup-only": DecodeOptions(drafting=False),  # the default's lookup runs on plain steps, the draft never run
 }

@@ -111,15 +111,17 @@ def upper_bound(mean: float, count: float, span: float = 1.0) -> float:
 class AdaptiveWidth:
     """The width with the most expected tokens per second, from this decode's acceptance and the cost model.
 
-    `drafts=False` prices every width as a step without the draft (a prompt lookup's own blocks, lookup.py)."""
+    `drafts=False` prices every width as a step without the draft (a prompt lookup's own blocks, lookup.py).
+    `plain_only=True` never chooses a drafted width: the draft never runs, and a lookup weighs its runs against
+    plain steps alone (DecodeOptions.drafting)."""
 
     def __init__(self, block_size: int, costs: CostModel, *, drafts: bool = True, decay: float = 0.97,
                  explore_every: int = 32, explore_close: int = 8, close: float = 0.9, prior_strength: float = 2.0,
                  margin: float = 1.02, explore_budget: float = 0.02, opening: int = 2,
-                 prior: tuple[float, float | None] = (0.5, None)) -> None:
+                 prior: tuple[float, float | None] = (0.5, None), plain_only: bool = False) -> None:
         if not isinstance(costs, CostModel):
             raise TypeError(f"an adaptive width needs a CostModel (decode/costs.py), got {type(costs).__name__}")
-        self.block_size, self.costs, self.drafts = block_size, costs, drafts
+        self.block_size, self.costs, self.drafts, self.plain_only = block_size, costs, drafts, plain_only
         self.widths = candidate_widths(block_size)
         self.decay, self.prior_strength, self.margin = decay, prior_strength, margin
         # The prior mean acceptance of slot 1, and of slot 2 (None: slot 1's posterior); every later slot's is the
@@ -190,11 +192,13 @@ class AdaptiveWidth:
         return float(gain[width - 1]) / self.step_seconds(width)
 
     def best_rate(self) -> float:
-        """The best expected tokens per second over the widths."""
+        """The best expected tokens per second over the widths (a plain step's where only plain steps run)."""
         gain = self.gains()
-        return max(self.rate(w, gain) for w in self.widths)
+        return max(self.rate(w, gain) for w in ([1] if self.plain_only else self.widths))
 
     def choose(self) -> int:
+        if self.plain_only:
+            return 1
         best, explore, runner_up, interval, may_pay = self._memoized(("plan", self.rows, self.explorations),
                                                                      self._plan)
         if self.steps < self.opening and may_pay:
@@ -337,9 +341,13 @@ class TreeWidth(AdaptiveWidth):
             self.observed[w - 1] += len(accepted)
 
 
-def make_policy(block_size: int, adaptive: bool, costs: CostModel | None = None, tree: bool = False):
+def make_policy(block_size: int, adaptive: bool, costs: CostModel | None = None, tree: bool = False,
+                drafting: bool = True):
     """A fresh policy: adaptive (AdaptiveWidth; TreeWidth over 1..2K nodes for a tree), or the full block (K
-    slots or K nodes)."""
-    if adaptive and block_size > 1:
-        return TreeWidth(2 * block_size, costs, slots=block_size - 1) if tree else AdaptiveWidth(block_size, costs)
+    slots or K nodes); without `drafting`, an adaptive one held to plain steps (a lookup's runs are priced
+    against them)."""
+    if (adaptive or not drafting) and block_size > 1:
+        if tree:
+            return TreeWidth(2 * block_size, costs, slots=block_size - 1, plain_only=not drafting)
+        return AdaptiveWidth(block_size, costs, plain_only=not drafting)
     return FixedWidth(block_size)

@@ -62,6 +62,11 @@ class Proposer(Protocol):
     def observe(self, proposal: Proposal, ok: torch.Tensor | None, num_accepted: torch.Tensor) -> None: ...
 
 
+def taps_for(drafter: Drafter, policy: WidthPolicy) -> tuple[int, ...]:
+    """The target layers a step taps for the draft: none where the policy never drafts (lookup alone)."""
+    return () if getattr(policy, "plain_only", False) else drafter.tap_layer_ids
+
+
 class TargetAlone:
     """No guesses: every step is the target's own one-token step (the exactness oracle and speed baseline)."""
 
@@ -85,7 +90,7 @@ class ChainProposer:
     def __init__(self, drafter: Drafter, policy: WidthPolicy, lookup: PromptLookup | None = None,
                  vocab_size: int = 0) -> None:
         self.drafter, self.policy, self.lookup = drafter, policy, lookup
-        self.tap_layer_ids = drafter.tap_layer_ids
+        self.tap_layer_ids = taps_for(drafter, policy)
         self.block_size = drafter.block_size
         self.lookahead = max(self.block_size, lookup.width if lookup is not None else 0)
         self.vocab_size = vocab_size  # the target's: a looked-up guess's q is one-hot over it
@@ -127,7 +132,7 @@ class TreeProposer:
                  vocab_size: int = 0) -> None:
         self.drafter, self.policy, self.lookup = drafter, policy, lookup
         self.vocab_size = vocab_size  # the target's: a looked-up guess's q is one-hot over it
-        self.tap_layer_ids = drafter.tap_layer_ids
+        self.tap_layer_ids = taps_for(drafter, policy)
         self.block_size = drafter.block_size
         # Up to 2K nodes, and a lookup run grafted onto them.
         self.lookahead = 2 * self.block_size + (lookup.width if lookup is not None else 0)
