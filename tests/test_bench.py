@@ -100,6 +100,25 @@ def test_runner_warms_up_then_interleaves_and_truncates():
     assert all(r["new_tokens"] == [len(prompts[r["batch"]]) + 1] for r in run.rows)
 
 
+def test_rounds_rotate_the_order_and_time_each_batch_by_its_median(monkeypatch):
+    from blockdraft.bench import runner
+
+    log, clock = [], iter([1.0, 9.0, 2.0, 5.0, 4.0, 6.0, 3.0, 7.0, 8.0] * 2)  # seconds of the timed decodes, in turn
+    monkeypatch.setattr(runner, "timed", lambda device, fn: (fn(), next(clock)))
+    methods = [FakeMethod(n, log) for n in ("a", "b", "c")]
+    target = SimpleNamespace(max_positions=512, device=torch.device("cpu"), config=SimpleNamespace(vocab_size=64))
+    settings = BenchSettings(block_size=4, max_new_tokens=32, batch_size=1, warmup=False, rounds=3)
+    run = run_bench(target, methods, [[10, 11], [12]], settings, [STOP])
+    assert [name for name, _, _ in log] == list("abc" "bca" "cab" "bca" "cab" "abc"), "each round rotates by one"
+    # Prompt 0: a took 1, 6, 7 (rounds 1-3), b 9, 5, 8, c 2, 4, 3; prompt 1, the clock again: b 1, 6, 7 ...
+    seconds = {(r["batch"], r["method"]): r["seconds"] for r in run.rows}
+    assert seconds == {(0, "a"): 6.0, (0, "b"): 8.0, (0, "c"): 3.0, (1, "b"): 6.0, (1, "c"): 8.0, (1, "a"): 3.0}
+    assert [r["method"] for r in run.rows] == list("abc" "bca"), "rows in the first round's order"
+    assert run.rows[0]["round_seconds"] == [1.0, 6.0, 7.0]
+    assert run.rows[0]["tokens_per_second"] == 3 / 6.0, "three new tokens over the median"
+    assert len(run.stats) == 0 and run.tokens["a"] == [[10, 11, STOP], [12, STOP]]
+
+
 @pytest.fixture(scope="module")
 def bench_out(tmp_path_factory):
     """One small real run (tiny fp32 target, 3 prompts in batches of 2), shared by the report tests."""

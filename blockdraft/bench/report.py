@@ -46,6 +46,7 @@ def build_document(run: BenchRun, settings: BenchSettings, *, hardware: dict, co
         "settings": {**context, "block_size": settings.block_size, "max_new_tokens": settings.max_new_tokens,
                      "batch_size": settings.batch_size, "warmup": settings.warmup, "prompts": len(run.prompt_ids),
                      "order": "interleaved per batch, rotated by one method per batch",
+                     "rounds": settings.rounds,
                      "decoding": _decoding(settings)},
         "methods": run.methods,
         "notes": notes,
@@ -165,9 +166,10 @@ def render(document: dict, console: Console) -> None:
                   f"{document['date']}")
     window = s.get("draft_window")
     bounded = f" | draft context: first {window['sinks']} + latest {window['window']} positions" if window else ""
+    rounds = f" | each batch's time the median of {s['rounds']} rounds" if s.get("rounds", 1) > 1 else ""
     console.print(f"dtype {s.get('dtype')} | prompts {s.get('prompt_set')} x{s['prompts']} | K={s['block_size']} "
                   f"| N={s['max_new_tokens']} new tokens | batch {s['batch_size']} | {s['decoding']}, same stop tokens"
-                  f"{bounded}")
+                  f"{rounds}{bounded}")
     console.print(_speed_table(document))
     for name, acc in document["acceptance"].items():
         console.print(_acceptance_table(name, acc))

@@ -4,7 +4,9 @@ Fairness rules, all in this module:
 1. One process, one set of target weights for every method.
 2. A warm-up run of every method on the first batch before any timing, so no method pays first-call costs.
 3. Interleaved: for each batch, every method runs before the next batch starts, and the order rotates by one
-   per batch (batch i starts with method i mod M), so machine drift and cache warmth hit all methods alike.
+   per batch (batch i starts with method i mod M), so machine drift and cache warmth hit all methods alike. With
+   `rounds` > 1 every method decodes each batch that many times, the order rotating by one more each round, and
+   the batch's time is the median of its rounds (a spell of another job on a shared machine then moves one round).
 4. Greedy everywhere (or, with `sampling`, every method sampling with the same parameters), the same
    `max_new_tokens` and the same stop tokens; tokens are truncated by one rule (`trim`) before counting, so
    only new tokens up to and including the first stop token count. Sampled texts are compared only when ours
@@ -15,6 +17,7 @@ Fairness rules, all in this module:
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +43,7 @@ class BenchSettings:
     coupled: bool = False  # ours sample coupled (sampling/gumbel.py), so their texts compare to ours-baseline's
     llama_draft_max: tuple[int, ...] = (2,)  # llama.cpp DFlash's draft lengths, one method each (methods.py)
     measure_costs: bool = False  # time ours' step costs afresh (in the warm-up) instead of reading the cache
+    rounds: int = 1  # decodes of each batch by each method; its seconds: the median (rule 3)
 
 
 @dataclass
@@ -101,7 +105,7 @@ def run_bench(target: Target, methods: list, prompts: list[list[int]], settings:
     labels = list(prompt_ids) if prompt_ids is not None else [str(i) for i in range(len(prompts))]
     run = BenchRun(names, labels, tokens={n: [None] * len(prompts) for n in names})
     groups = batches(len(prompts), settings.batch_size)
-    total, done = int(settings.warmup) + len(groups) * len(methods), 0
+    total, done = int(settings.warmup) + len(groups) * len(methods) * settings.rounds, 0
     if settings.warmup:
         warm = [prompts[i] for i in groups[0]]
         for method in methods:
@@ -112,22 +116,34 @@ def run_bench(target: Target, methods: list, prompts: list[list[int]], settings:
     by_name = {m.name: m for m in methods}
     stops = set(stop_token_ids)
     for index, group in enumerate(groups):
-        for position, name in enumerate(interleaved_order(names, index)):
-            batch = [prompts[i] for i in group]
-            decoded, seconds = timed(target.device, lambda: by_name[name].decode(batch, settings.max_new_tokens))
-            kept = [trim(d.tokens, stops, settings.max_new_tokens) for d in decoded]
-            for i, tokens in zip(group, kept):
-                run.tokens[name][i] = tokens
-            spec_stats = [d.stats for d in decoded if d.stats is not None]
-            if spec_stats:
-                run.stats.setdefault(name, []).extend(spec_stats)
-            new_tokens = [len(t) for t in kept]
-            run.rows.append({
-                "batch": index, "method": name, "order": position, "prompts": [labels[i] for i in group],
-                "new_tokens": new_tokens, "seconds": seconds,
-                "tokens_per_second": sum(new_tokens) / seconds if seconds > 0 else 0.0,
-            })
-            done += 1
-            if on_progress:
-                on_progress(done, total, f"batch {index + 1}/{len(groups)} {name}")
+        batch = [prompts[i] for i in group]
+        rows, seconds_of = {}, {name: [] for name in names}  # the first round's row of each method, every round's time
+        for round_ in range(settings.rounds):
+            for position, name in enumerate(interleaved_order(names, index + round_)):
+                decoded, seconds = timed(target.device, lambda: by_name[name].decode(batch, settings.max_new_tokens))
+                seconds_of[name].append(seconds)
+                if round_ == 0:  # tokens and stats of the first round (greedy: every round's are the same)
+                    rows[name] = _first_round(run, name, index, position, group, labels, decoded, stops, settings)
+                done += 1
+                if on_progress:
+                    on_progress(done, total, f"batch {index + 1}/{len(groups)} {name}")
+        for name, row in rows.items():  # in the first round's order
+            seconds = statistics.median(seconds_of[name])
+            row.update(seconds=seconds, tokens_per_second=sum(row["new_tokens"]) / seconds if seconds > 0 else 0.0)
+            if settings.rounds > 1:
+                row["round_seconds"] = seconds_of[name]
+            run.rows.append(row)
     return run
+
+
+def _first_round(run: BenchRun, name: str, index: int, position: int, group: list[int], labels: list[str], decoded,
+                 stops: set, settings: BenchSettings) -> dict:
+    """Keep a method's first decode of batch `index` (its tokens, truncated, and stats) in `run`; its row."""
+    kept = [trim(d.tokens, stops, settings.max_new_tokens) for d in decoded]
+    for i, tokens in zip(group, kept):
+        run.tokens[name][i] = tokens
+    spec_stats = [d.stats for d in decoded if d.stats is not None]
+    if spec_stats:
+        run.stats.setdefault(name, []).extend(spec_stats)
+    return {"batch": index, "method": name, "order": position, "prompts": [labels[i] for i in group],
+            "new_tokens": [len(t) for t in kept]}

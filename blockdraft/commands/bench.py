@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
                         help="new tokens per prompt (each method's outputs are cut to the same tokens)")
     parser.add_argument("--batch-size", type=int, default=1,
                         help="prompts decoded together by batched methods (prompt lookup always runs one at a time)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="decodes of each batch by each method, interleaved, the order rotating each round; a "
+                             "batch's time is the median of its rounds (steadier ratios on a shared machine)")
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated methods to run (default: all): {', '.join(METHODS)}; "
                              f"{' and '.join(REQUIRED)} always run")
@@ -66,7 +69,7 @@ def run(args) -> int:
     if args.mode == "serve":
         return bench_serve.run(args)
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens),
-                        ("--batch-size", args.batch_size)):
+                        ("--batch-size", args.batch_size), ("--rounds", args.rounds)):
         if value <= 0:
             raise InputError(f"`{flag}` must be a positive integer, got {value}")
     methods = choose_methods(args.methods)  # a misspelt method fails before anything loads
@@ -110,7 +113,8 @@ def run(args) -> int:
     settings = BenchSettings(block_size=block_size, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              methods=methods, sampling=None if sampling.greedy else sampling,
                              coupled=DecodeOptions(sampling=sampling, sampler=args.sampler).coupled,
-                             llama_draft_max=tuple(llama_draft_max), measure_costs=args.measure_costs)
+                             llama_draft_max=tuple(llama_draft_max), measure_costs=args.measure_costs,
+                             rounds=args.rounds)
     context = {"prompt_set": args.prompts, "limit": args.limit, "target": target.name,
                "draft": str(args.draft) if args.draft else "shipped", "draft_trained": getattr(draft, "trained", True),
                "draft_window": None if window is None else {"window": window.window, "sinks": window.sinks},
