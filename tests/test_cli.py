@@ -175,6 +175,13 @@ def test_generate_compare_with_lookups_names_the_mode_and_matches(model_folders,
     code, out, _ = run(capsys, "generate", "abcabc", "--target", target, "--draft", draft, "--dtype", "float32",
                        "--max-new-tokens", "8", "--compare", "--lookup", "off")
     assert code == 0 and "adaptive tree," in out and "lookup" not in out.splitlines()[-1]
+    code, out, _ = run(capsys, "generate", "abcabcabcabc", "--target", target, "--draft", draft, "--dtype",
+                       "float32", "--max-new-tokens", "24", "--compare", "--drafting", "off")
+    assert code == 0 and "identical" in out and "lookup alone" in out.splitlines()[-1], out
+    assert " 0 drafted" in out, "the draft never runs"
+    code, _, err = run(capsys, "generate", "abc", "--target", target, "--draft", draft, "--drafting", "off",
+                       "--lookup", "off")
+    assert code != 0 and "drafting=False" in err and "Traceback" not in err, err
 
 
 def test_every_door_decodes_with_the_same_defaults():

@@ -202,6 +202,10 @@ def add_decode_arguments(parser, what: str = "prompt") -> None:
                         help="let a step verify a continuation of an earlier occurrence of the last tokens (prompt "
                              "lookup): grafted onto the token tree, or instead of the draft's block without trees, "
                              "when it pays (same output); auto: on")
+    parser.add_argument("--drafting", choices=("auto", "on", "off"), default="auto",
+                        help="run the draft; off: prompt lookup and the n-gram table alone, their runs verified on "
+                             "plain steps (same output; where the draft does not pay, as at --weights q4 on a "
+                             "2-core CPU); auto: on")
     parser.add_argument("--tree", choices=("auto", "on", "off"), default="auto",
                         help="verify the draft's likeliest alternatives per slot too, as a token tree in one target "
                              "forward (same output; sampling stays exact); auto: on")

@@ -22,7 +22,7 @@ def decode_options(args, console) -> DecodeOptions:
     if args.max_new_tokens <= 0:
         raise InputError(f"`--max-new-tokens` must be positive, got {args.max_new_tokens}")
     options = resolve(None, block_size=args.block_size, tree=switch(args.tree), adaptive=switch(args.adaptive),
-                      lookup=switch(args.lookup), sampling=_sampling(args, console),
+                      lookup=switch(args.lookup), drafting=switch(args.drafting), sampling=_sampling(args, console),
                       sampler="rejection" if args.seed is None and args.sampler == "auto" else args.sampler,
                       draft_argmax=args.draft_argmax, window=context_window(args))
     if options.draft_argmax and options.coupled:
