@@ -45,7 +45,8 @@ def cached_for_a_tiny_target(tmp_path, monkeypatch, cached):
     """A named tiny target and its K = 4 drafter, with `cached` written as their step costs' disk cache (None:
     none) and the process's memory of cost models emptied: what a decode finds on a machine that measured before."""
     import blockdraft.decode.measure as generate
-    from blockdraft.decode.costs import cost_key, write_cached
+    from blockdraft.decode.cost_key import cost_key
+    from blockdraft.decode.costs import write_cached
     from blockdraft.decode.drafter import Drafter
 
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))

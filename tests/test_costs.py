@@ -73,7 +73,7 @@ def test_the_cost_key_follows_the_code_a_step_runs(tmp_path):
     """An edit of the model, decode or sampling code (or an upgrade) gives tables of its own; other code does not."""
     import shutil
 
-    from blockdraft.decode.costs import STEP_CODE, code_digest
+    from blockdraft.decode.cost_key import STEP_CODE, code_digest
 
     package = Path(__import__("blockdraft").__file__).parent
     for folder in (*STEP_CODE, "commands"):
@@ -97,7 +97,7 @@ def test_the_cost_key_follows_the_code_a_step_runs(tmp_path):
 @pytest.mark.filterwarnings("ignore:the cached step costs")  # the stale cache is the point here
 def test_fresh_costs_replace_the_cached_ones_once_per_process(tmp_path, monkeypatch):
     import blockdraft.decode.measure as generate
-    from blockdraft.decode.costs import cost_key
+    from blockdraft.decode.cost_key import cost_key
 
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
     monkeypatch.setattr(generate, "_COSTS", {})
@@ -225,7 +225,7 @@ def test_a_draft_scoring_other_ids_does_not_read_anothers_costs(tmp_path, monkey
     import torch
 
     import blockdraft.decode.measure as generate
-    from blockdraft.decode.costs import cost_key
+    from blockdraft.decode.cost_key import cost_key
     from blockdraft.io.drafts import LoadedDraft
 
     monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path))
@@ -305,7 +305,7 @@ def test_tables_timed_with_onednns_bf16_products_are_not_read_where_aten_runs_th
     many-row head costs otherwise: a bf16 target's key says so there, and only there; so does a greedy screen."""
     import torch
 
-    from blockdraft.decode import costs
+    from blockdraft.decode import cost_key as costs
     from blockdraft.model import kernels
     from blockdraft.model.target import Target
 

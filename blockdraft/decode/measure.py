@@ -12,7 +12,8 @@ import torch
 
 from ..io.targets import cache_root
 from ..model.target import Target
-from .costs import (PLAIN, PROMPT_LENGTH, STEPS_PER_ROUND, TIMED_WIDTHS, WARM_STEPS, CostModel, batch_bucket, cost_key,
+from .cost_key import cost_key
+from .costs import (PLAIN, PROMPT_LENGTH, STEPS_PER_ROUND, TIMED_WIDTHS, WARM_STEPS, CostModel, batch_bucket,
                     linear_costs, measure_costs, read_cached, stale_cache_note, write_cached)
 from .cpu_wait import WaitWatch, busy
 from .drafter import Drafter
