@@ -93,6 +93,35 @@ def grouped_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
     return F.scaled_dot_product_attention(folded, k, v, attn_mask=bias).reshape(B, H, Q, Dh)
 
 
+# A forward of up to this many new tokens a row that is no prompt (a verify block, a tree, a lookup's ragged run)
+# attends token by token (`tokenwise_sdpa`); longer ones (a prompt's next turn) fold their rows.
+TOKENWISE_ROWS = 64
+
+
+def tokenwise_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
+    """`grouped_sdpa` with each new token's g query rows in an attention of their own, as a one-token step runs
+    them: q [B, H, Q, Dh], k/v [B, Hkv, S, Dh], bias [B, 1, g*Q, S] (attention_bias) or None -> [B, H, Q, Dh].
+
+    The CPU attention kernel multiplies the rows of a (row, K/V head) as one product, whose sums depend on how
+    many rows it holds: on an AMD EPYC (Zen 5) a verify block's g*Q folded rows rounded apart from the g rows of
+    the one-token step at each position (bf16: 41 of 90 random blocks of 2-9 tokens, some row of them; float32:
+    90 of 90; tokens alone: 0), whatever the kernels were capped at. Here a row's Q tokens are the batch of one call,
+    each with its own g rows, its own mask rows, and the row's keys and values expanded over them (a view, no copy):
+    every token has the bits of its one-token step. It costs more calls inside the kernel (0.6 ms of an 8.2 ms
+    2-token int4 forward of SmolLM2, 2.9 of 16.6 at 9; docs/design.md §14)."""
+    B, H, Q, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    g = H // Hkv
+    out = []
+    for b in range(B):
+        rows = q[b].reshape(Hkv, g, Q, Dh).permute(2, 0, 1, 3)  # [Q, Hkv, g, Dh]: token t's rows of each head
+        mask = None if bias is None else bias[b if bias.shape[0] > 1 else 0].reshape(1, g, Q, S).permute(2, 0, 1, 3)
+        keys, values = k[b: b + 1].expand(Q, Hkv, S, Dh), v[b: b + 1].expand(Q, Hkv, S, Dh)
+        attended = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)  # [Q, Hkv, g, Dh]
+        out.append(attended.permute(1, 2, 0, 3).reshape(1, H, Q, Dh))
+    return torch.cat(out)
+
+
 def causal_sdpa(q, k, v) -> torch.Tensor:
     """Causal SDPA of q [B, H, T, Dh] over k/v [B, Hkv, T, Dh] of the same T positions (a prefill from slot 0)
     -> [B, H, T, Dh]. No mask is built: `attention_bias` would hold [B, g*T, T], which grows with the square of

@@ -56,12 +56,31 @@ def rotate_twin(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tens
     return (x * c).add_(x.roll(x.shape[-1] // 2, -1).mul_(s))
 
 
+def tokenwise_sdpa_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """layers.tokenwise_sdpa's twin: q [B, H, T, Dh] over k/v [B, Hkv, S, Dh], each token's rows alone."""
+    B, H, T, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    g = H // Hkv
+    out: List[torch.Tensor] = []
+    for b in range(B):
+        rows = q[b].reshape(Hkv, g, T, Dh).permute(2, 0, 1, 3)  # [T, Hkv, g, Dh]
+        mask: Optional[torch.Tensor] = None
+        if bias is not None:
+            mask = bias[b if bias.shape[0] > 1 else 0].reshape(1, g, T, S).permute(2, 0, 1, 3)  # [T, 1, g, S]
+        attended = F.scaled_dot_product_attention(rows, k[b: b + 1].expand(T, Hkv, S, Dh),
+                                                  v[b: b + 1].expand(T, Hkv, S, Dh), attn_mask=mask)
+        out.append(attended.permute(1, 2, 0, 3).reshape(1, H, T, Dh))
+    return torch.cat(out)
+
+
 def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales: List[torch.Tensor],
                norms: List[torch.Tensor], eps: torch.Tensor, width: torch.Tensor, qk_norms: List[torch.Tensor],
                qk_eps: torch.Tensor, qk_width: torch.Tensor, keys: List[torch.Tensor], values: List[torch.Tensor],
                slots: torch.Tensor, start: int, span: int, causal: bool, bias: Optional[torch.Tensor],
                c: torch.Tensor, s: torch.Tensor, B: int, T: int, H: int, Hkv: int, Dh: int,
-               taps: List[int], index: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+               taps: List[int], index: Optional[torch.Tensor] = None,
+               tokenwise: bool = False) -> Tuple[torch.Tensor, List[torch.Tensor]]:
     """Every decoder layer over x [M, D] (the embedded tokens; added into in place), or with `index` [M'] (a ragged
     forward, target.Ragged) over the M' rows it names: the products run over those, attention over the
     rectangle they are spread into (zeros elsewhere).
@@ -70,7 +89,7 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
     4l..4l+3, and `norms` its input and post-attention norm weights at 2l, 2l+1 (`qk_norms`: Qwen3's q and k norms
     the same way, or empty). Each layer writes its K/V at `slots` [B, T] (`start` >= 0: every row's slots are
     start..start+T-1) and attends over slots 0..S-1 as `bias` [B, g*T, S] allows (None: all of them), or, when
-    `causal`, causally (a prefill from slot 0). Returns x [M, D] after the last layer and a copy of x after each
+    `causal`, causally (a prefill from slot 0); `tokenwise`: token by token (layers.tokenwise_sdpa). Returns x [M, D] after the last layer and a copy of x after each
     layer in `taps`."""
     M = B * T
     g = H // Hkv
@@ -101,9 +120,12 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
                 context_k, context_v = context_k.repeat_interleave(g, 1), context_v.repeat_interleave(g, 1)
             attended = F.scaled_dot_product_attention(q, context_k, context_v, is_causal=True)
         else:  # layers.grouped_sdpa: the g query heads of a K/V head folded into its rows
-            folded = q.reshape(B, Hkv, g * T, Dh)
-            attended = F.scaled_dot_product_attention(folded, context_k, context_v, attn_mask=bias)
-            attended = attended.reshape(B, H, T, Dh)
+            if tokenwise:
+                attended = tokenwise_sdpa_twin(q, context_k, context_v, bias)
+            else:
+                folded = q.reshape(B, Hkv, g * T, Dh)
+                attended = F.scaled_dot_product_attention(folded, context_k, context_v, attn_mask=bias)
+                attended = attended.reshape(B, H, T, Dh)
         attended = attended.transpose(1, 2).reshape(M, H * Dh)
         if index is not None:
             attended = attended.index_select(0, index)

@@ -20,7 +20,7 @@ from ..warm_threads import warm_threads
 from . import kernels, q4, q8, scripted
 from .draft_q4 import Int4Head
 from .lean import activation_function, mlp_function, norm_function, qkv_function, residual, rope_tables
-from .layers import attention_bias, causal_sdpa, grouped_sdpa
+from .layers import TOKENWISE_ROWS, attention_bias, causal_sdpa, grouped_sdpa, tokenwise_sdpa
 from .packed import head_linear
 from .prompt_path import prompt_products
 from .ragged import Ragged
@@ -171,13 +171,15 @@ class Target:
                 mlp)
 
     def _layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids,
-                depth: int | None = None, rows: Ragged | None = None, plans: list | None = None
-                ) -> tuple[torch.Tensor, dict]:
+                depth: int | None = None, rows: Ragged | None = None, plans: list | None = None,
+                tokenwise: bool = False) -> tuple[torch.Tensor, dict]:
         """The decoder layers over x [M, D] in Python, from the per-layer plans (`plans`, else the target's own):
         x after the last layer run (all, or the first `depth`), and {id: x after layer id} for the tapped ids (the
         reference loop; `_scripted_layers` runs the same ops). With `rows` (a ragged forward), x holds only the rows
-        it names [M', D]: every product runs over those, and attention over the rectangle they are spread into."""
+        it names [M', D]: every product runs over those, and attention over the rectangle they are spread into.
+        `tokenwise`: attention token by token (layers.tokenwise_sdpa), else each head's rows folded together."""
         tapped = {}
+        attend = tokenwise_sdpa if tokenwise else grouped_sdpa
         wanted = set(tap_layer_ids)
         spread = rows.spread if rows is not None else None
         kept = False  # whether `tapped` holds this x: then the next residual adds into a new tensor
@@ -186,7 +188,7 @@ class Target:
             q, k, v = qkv(norm_in(x), B, T, c, s, spread)  # [B, H, T, Dh], [B, Hkv, T, Dh] x 2
             cache.write(index, k, v, slots, start)
             keys, values = cache.read(index, span)  # [B, Hkv, span, Dh] each
-            out = causal_sdpa(q, keys, values) if bias is CAUSAL else grouped_sdpa(q, keys, values, bias)
+            out = causal_sdpa(q, keys, values) if bias is CAUSAL else attend(q, keys, values, bias)
             out = out.transpose(1, 2).reshape(B * T, -1)  # [M, H * Dh]
             x = residual(x, o(out if rows is None else rows.gather(out)), keep=kept)
             x = residual(x, mlp(norm_post(x)), keep=False)
@@ -196,11 +198,12 @@ class Target:
         return x, tapped
 
     def _scripted_layers(self, x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth=None,
-                         rows: Ragged | None = None):
+                         rows: Ragged | None = None, tokenwise: bool = False):
         """`_layers` as one TorchScript call (scripted.py): the same ops, without Python between them. Rows it was
         not built for (features only up to a depth, or not bf16 inference rows) take the Python loop."""
         if depth is not None or not self._unchecked(x):
-            return self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
+            return self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
+                                tokenwise=tokenwise)
         fixed = self._fixed
         wanted = sorted(set(tap_layer_ids))
         causal = bias is CAUSAL  # else bias is the mask's bias, or None where every row sees every slot
@@ -208,7 +211,7 @@ class Target:
             x, q4.BLOCK, fixed["weights"], fixed["scales"], fixed["norms"], fixed["eps"], fixed["width"],
             fixed["qk_norms"], fixed["qk_eps"], fixed["qk_width"], cache.keys, cache.values, slots,
             -1 if start is None else start, span, causal, None if causal else bias, c, s, B, T, self.heads,
-            self.kv_heads, self.head_dim, wanted, None if rows is None else rows.index)
+            self.kv_heads, self.head_dim, wanted, None if rows is None else rows.index, tokenwise)
         return x, dict(zip(wanted, copies))
 
     def forward(self, *args, **kwargs) -> TargetOutput:
@@ -269,7 +272,11 @@ class Target:
             x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
                                      plans=self._prompt_plans)
         else:
-            x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows)
+            # An int4 target's products give a row its bits at every row count; its decode steps' few new tokens
+            # then attend token by token on a CPU, so a verify row has the bits of the one-token step at its place.
+            tokenwise = self.quantized and x.device.type == "cpu" and 1 < T <= TOKENWISE_ROWS and bias is not CAUSAL
+            x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
+                                        tokenwise=tokenwise)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
             tapped[self.num_layers - 1] = self._final_norm(tapped[self.num_layers - 1])
         head = self._screen if picks_only and self._screen is not None else self.head
