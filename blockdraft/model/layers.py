@@ -93,8 +93,8 @@ def grouped_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
     return F.scaled_dot_product_attention(folded, k, v, attn_mask=bias).reshape(B, H, Q, Dh)
 
 
-# A forward of up to this many new tokens a row that is no prompt (a verify block, a tree, a lookup's ragged run)
-# attends token by token (`tokenwise_sdpa`); longer ones (a prompt's next turn) fold their rows.
+# An int4 target's forward of up to this many new tokens a row that is no prompt (a verify block, a tree, a ragged
+# run) attends token by token (`tokenwise_sdpa`); longer ones (a prompt's next turn) fold their rows.
 TOKENWISE_ROWS = 64
 
 
@@ -104,11 +104,11 @@ def tokenwise_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
 
     The CPU attention kernel multiplies the rows of a (row, K/V head) as one product, whose sums depend on how
     many rows it holds: on an AMD EPYC (Zen 5) a verify block's g*Q folded rows rounded apart from the g rows of
-    the one-token step at each position (bf16: 41 of 90 random blocks of 2-9 tokens, some row of them; float32:
-    90 of 90; tokens alone: 0), whatever the kernels were capped at. Here a row's Q tokens are the batch of one call,
-    each with its own g rows, its own mask rows, and the row's keys and values expanded over them (a view, no copy):
-    every token has the bits of its one-token step. It costs more calls inside the kernel (0.6 ms of an 8.2 ms
-    2-token int4 forward of SmolLM2, 2.9 of 16.6 at 9; docs/design.md §14)."""
+    the one-token step at each position (bf16: 32 of 90 random causal blocks of 2-9 tokens, some row of them;
+    float32: 90 of 90; tokens alone: 0), whatever the kernels were capped at. Here a row's Q tokens are the batch of
+    one call, each with its own g rows and mask rows, the row's keys and values expanded over them (a view, no
+    copy): every token has the bits of its one-token step. It costs more calls inside the kernel (0.7 ms of a
+    7.8 ms2-token int4 forward of SmolLM2, 2.2 of 15.2 at 9; docs/design.md §14)."""
     B, H, Q, Dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     g = H // Hkv

@@ -89,7 +89,8 @@ def run_layers(x: torch.Tensor, group: int, weights: List[torch.Tensor], scales:
     4l..4l+3, and `norms` its input and post-attention norm weights at 2l, 2l+1 (`qk_norms`: Qwen3's q and k norms
     the same way, or empty). Each layer writes its K/V at `slots` [B, T] (`start` >= 0: every row's slots are
     start..start+T-1) and attends over slots 0..S-1 as `bias` [B, g*T, S] allows (None: all of them), or, when
-    `causal`, causally (a prefill from slot 0); `tokenwise`: token by token (layers.tokenwise_sdpa). Returns x [M, D] after the last layer and a copy of x after each
+    `causal`, causally (a prefill from slot 0); `tokenwise`: token by token (layers.tokenwise_sdpa). Returns
+    x [M, D] after the last layer and a copy of x after each
     layer in `taps`."""
     M = B * T
     g = H // Hkv
