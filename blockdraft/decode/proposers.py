@@ -20,6 +20,7 @@ from .selection import Selector
 from .state import DecodeState
 from ..sampling.tree import accepted_depth
 from .tree import TOP_K, Tree, build_grafted_tree, max_nodes
+from .tree_slots import lane_room
 
 
 @dataclass
@@ -134,8 +135,8 @@ class TreeProposer:
         self.vocab_size = vocab_size  # the target's: a looked-up guess's q is one-hot over it
         self.tap_layer_ids = taps_for(drafter, policy)
         self.block_size = drafter.block_size
-        # Up to 2K nodes, and a lookup run grafted onto them.
-        self.lookahead = 2 * self.block_size + (lookup.width if lookup is not None else 0)
+        # Up to 2K nodes, and a lookup run grafted onto them, in the slots their lanes take (tree_slots.py).
+        self.lookahead = lane_room(2 * self.block_size + (lookup.width if lookup is not None else 0))
         self.size, self.graft, self.runs, self.run_nodes = 1, 0, (None, None), None  # the last tree's parts
 
     def propose(self, state: DecodeState, selector: Selector) -> Proposal:

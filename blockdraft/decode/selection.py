@@ -194,14 +194,18 @@ class Selector:
         num_accepted, token = speculative_sample(p, q, proposals, self._rows(row_ids), limits=limits)
         return num_accepted.to(proposals.device), token.to(proposals.device)
 
-    def tree_accept(self, target_logits, tree: Tree, row_ids, positions=None):
+    def tree_accept(self, target_logits, tree: Tree, row_ids, positions=None, kept=None):
         """Acceptance over a token tree (tree.py) from the target's logits at every node [B, N, V], which pick the
         tokens at positions [B, N] (each node's position + 1) -> (accepted nodes [B, N] bool, the target's own
         token after the deepest [B]). Greedy: the nodes that equal the target's argmax at their parent; coupled:
-        likewise over the perturbed scores; rejection sampling: point-mass tests (sampling/tree.py)."""
+        likewise over the perturbed scores; rejection sampling: point-mass tests (sampling/tree.py). `kept` [B, N]
+        (closed under ancestors): the nodes a deterministic acceptance may take; the target's own pick after the
+        deepest is then the same token a left-out node would have given."""
         if self.deterministic:
             target_tokens = first_argmax(self.pick_scores(target_logits, row_ids, positions))  # [B, N]
             ok = accepted_nodes(tree, target_tokens)
+            if kept is not None:
+                ok &= kept
             return ok, target_tokens.gather(1, deepest_node(ok)[:, None])[:, 0]
         p = logits_to_probs(target_logits, self.params)  # [B, N, V]
         return tree_sample(p, tree.tokens, tree.parents, self._rows(row_ids))

@@ -17,6 +17,7 @@ from .pending import Pending
 from .state import DecodeState
 from ..sampling.tree import accept_path
 from .tree import ancestors
+from .tree_slots import in_own_block, lane_offsets
 
 
 def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
@@ -59,21 +60,25 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
     proposal = proposer.propose(state, selector)
     _, s = state.anchors()  # [B]
 
-    # 2. Verify: the target scores every node in one forward. Node i sits at position s + depth_i and in cache
-    #    slot s + i, and sees the context and its own ancestors (for a chain: the nodes before it).
+    # 2. Verify: the target scores every node in one forward. Node i sits at position s + depth_i and sees the
+    #    context and its own ancestors (for a chain: the nodes before it); a chain's in slot s + i, a tree's where
+    #    its keys have the bits of its one-token step (tree_slots.py).
     B, N = proposal.tokens.shape
     index = torch.arange(N, device=s.device).expand(B, N)  # [B, N]
     is_tree = proposal.parents is not None
+    offsets = lane_offsets(proposal.depths) if is_tree else index  # [B, N]
+    ancestry = ancestors(proposal.parents) if is_tree else None  # [B, N, N]
     #    A ragged chain (`widths`) runs only each row's own nodes through the target's products. Greedy picks
     #    need only each node's argmax (`picks_only`: the target's int8 screen where it has one, screen.py).
     out = target.forward(proposal.tokens, s[:, None] + proposal.depths, state.target_cache,
-                         proposer.tap_layer_ids, logit_rows=index, slots=s[:, None] + index if is_tree else None,
-                         block_mask=ancestors(proposal.parents) if is_tree else None,
-                         widths=proposal.widths, picks_only=selector.params.greedy)  # logits [B, N, V]
+                         proposer.tap_layer_ids, logit_rows=index, slots=s[:, None] + offsets if is_tree else None,
+                         block_mask=ancestry, widths=proposal.widths,
+                         picks_only=selector.params.greedy)  # logits [B, N, V]
 
     # 3. Accept: the path of guesses the target agrees with (or, sampling, accepts), then the target's own token
     #    after its deepest node (bonus or replacement) at path slot a.
-    path, num_accepted, ok, token = accept(selector, out.logits, proposal, state.row_ids, s)  # [B, P], [B]...
+    kept = in_own_block(s, proposal.depths, offsets, ancestry) if is_tree else None  # [B, N]
+    path, num_accepted, ok, token = accept(selector, out.logits, proposal, state.row_ids, s, kept)  # [B, P], [B]...
     committed = torch.cat([proposal.tokens.gather(1, path[:, 1:]), token[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], token[:, None])  # slot a holds the target's token
     events = state.commit(committed, num_accepted + 1, stats, proposal.reach, lookup=proposal.lookup)
@@ -83,7 +88,8 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
     #    the rest lies past the new length. The new anchor is not cached yet.
     P = path.shape[1]
     if is_tree:
-        state.target_cache.move(s[:, None] + path, s[:, None] + torch.arange(P, device=path.device))
+        source = s[:, None] + offsets.gather(1, path)  # [B, P] the path's slots
+        state.target_cache.move(source, s[:, None] + torch.arange(P, device=path.device))
     state.target_cache.crop_to(s + num_accepted + 1)
     features = out.features
     if features is not None and features.shape[1] > 1:  # the path's tapped features, in depth order [B, P, L*D]
@@ -97,9 +103,11 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
     return events
 
 
-def accept(selector: Selector, logits: torch.Tensor, proposal: Proposal, row_ids: torch.Tensor, s: torch.Tensor):
+def accept(selector: Selector, logits: torch.Tensor, proposal: Proposal, row_ids: torch.Tensor, s: torch.Tensor,
+           kept: torch.Tensor | None = None):
     """Acceptance of a proposal from the target's logits at its nodes [B, N, V] -> (path [B, P] of node indices by
     depth, num_accepted [B], accepted nodes [B, N] bool or None for a chain, the target's own token [B]).
+    `kept` [B, N]: the tree nodes a deterministic acceptance may take (tree_slots.in_own_block).
 
     A chain is accepted slot by slot (rejection sampling with the draft's q when it sampled, docs/design.md §3);
     a tree by walking it (greedy or coupled: equality with the target's pick; sampling: point-mass tests)."""
@@ -112,7 +120,7 @@ def accept(selector: Selector, logits: torch.Tensor, proposal: Proposal, row_ids
         P = int(num_accepted.max()) + 1
         path = torch.minimum(torch.arange(P, device=s.device)[None, :], num_accepted[:, None])  # [B, P]
         return path, num_accepted, None, token
-    ok, token = selector.tree_accept(logits, proposal.tree, row_ids, picks)  # [B, N], [B]
+    ok, token = selector.tree_accept(logits, proposal.tree, row_ids, picks, kept)  # [B, N], [B]
     path, num_accepted = accept_path(proposal.tree, ok)
     return path, num_accepted, ok, token
 

@@ -5,8 +5,8 @@ runners-up. A tree spends the verify width on the likeliest of them. Terms:
 
 - node 0 is the anchor (depth 0); every other node is one token at depth d, a guess for slot d, whose parent
   is a node at depth d-1. Siblings hold different tokens.
-- the target verifies all N nodes in one forward: node i sits at position s + depth_i and in cache slot
-  s + i, and attends to the committed context and to its own ancestors only (`ancestors`).
+- the target verifies all N nodes in one forward: node i sits at position s + depth_i, in the cache slot
+  tree_slots.py gives it, and attends to the committed context and to its own ancestors only (`ancestors`).
 - acceptance (sampling/tree.py): greedy, a node is accepted when its token is the target's argmax at its
   parent and its parent is accepted, so the accepted nodes form one path from the anchor and every kept token
   is one the target would have produced itself; sampling, the children of a node are tried in turn as
