@@ -17,7 +17,7 @@ from .pending import Pending
 from .state import DecodeState
 from ..sampling.tree import accept_path
 from .tree import ancestors
-from .tree_slots import in_own_block, lane_offsets
+from .tree_slots import in_own_block, tree_offsets
 
 
 def prefill(state: DecodeState, target: Target, proposer, selector: Selector):
@@ -62,11 +62,12 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
 
     # 2. Verify: the target scores every node in one forward. Node i sits at position s + depth_i and sees the
     #    context and its own ancestors (for a chain: the nodes before it); a chain's in slot s + i, a tree's where
-    #    its keys have the bits of its one-token step (tree_slots.py).
+    #    its keys have the bits of its one-token step, if the target's blocks can (tree_slots.py).
     B, N = proposal.tokens.shape
     index = torch.arange(N, device=s.device).expand(B, N)  # [B, N]
     is_tree = proposal.parents is not None
-    offsets = lane_offsets(proposal.depths) if is_tree else index  # [B, N]
+    lanes = is_tree and target.tokenwise
+    offsets = tree_offsets(proposal.depths, lanes) if is_tree else index  # [B, N]
     ancestry = ancestors(proposal.parents) if is_tree else None  # [B, N, N]
     #    A ragged chain (`widths`) runs only each row's own nodes through the target's products. Greedy picks
     #    need only each node's argmax (`picks_only`: the target's int8 screen where it has one, screen.py).
@@ -77,7 +78,7 @@ def step(state: DecodeState, target: Target, proposer, selector: Selector, stats
 
     # 3. Accept: the path of guesses the target agrees with (or, sampling, accepts), then the target's own token
     #    after its deepest node (bonus or replacement) at path slot a.
-    kept = in_own_block(s, proposal.depths, offsets, ancestry) if is_tree else None  # [B, N]
+    kept = in_own_block(s, proposal.depths, offsets, ancestry) if lanes else None  # [B, N]
     path, num_accepted, ok, token = accept(selector, out.logits, proposal, state.row_ids, s, kept)  # [B, P], [B]...
     committed = torch.cat([proposal.tokens.gather(1, path[:, 1:]), token[:, None]], dim=1)  # [B, P]
     committed.scatter_(1, num_accepted[:, None], token[:, None])  # slot a holds the target's token

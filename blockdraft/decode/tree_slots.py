@@ -7,12 +7,14 @@ keys are the context and its ancestors, with every other node masked out: masked
 node has its step's bits where each of its ancestors (itself included) lies in the lane and block of its own
 position, in the order of their depths: slots s + i in node order (best-first) put a node after a sibling in
 the lane of the next depth, and an int4 SmolLM2 verify parted from its steps in about 1 node in 30 (on an AMD
-EPYC Zen 5, where the folded rows were already apart: model/layers.tokenwise_sdpa).
+EPYC Zen 5, its blocks already attending token by token: model/layers.tokenwise_sdpa).
 
 Here the nodes of each lane take its slots in order of (depth, node index): the m-th node in lane l sits at
-offset l + SPAN_GRID * m from the anchor. A chain keeps offsets 0..N-1. A node whose offset leaves the attention
-block of its position (near a multiple of ATTENTION_BLOCK) is not one its step would compute: a deterministic
-acceptance never takes it or its subtree (`in_own_block`), and its token, if right, comes as the target's own.
+offset l + SPAN_GRID * m from the anchor; a chain keeps offsets 0..N-1. This only where blocks keep their steps'
+bits (an int4 target on a CPU: Target.tokenwise); elsewhere rows part anyway, and nodes keep node order. A node
+whose offset leaves the attention block of its position (near a multiple of ATTENTION_BLOCK) is not one its step
+would compute: a deterministic acceptance never takes it or its subtree (`in_own_block`), and its token, if
+right, comes as the target's own.
 
 Shapes: B rows, N nodes (anchor included).
 """
@@ -25,6 +27,14 @@ from ..model.span import SPAN_GRID
 
 # Keys the CPU attention kernel (torch's flash attention) takes per block of its running softmax.
 ATTENTION_BLOCK = 512
+
+
+def tree_offsets(depths: torch.Tensor, lanes: bool) -> torch.Tensor:
+    """Each node's cache slot past the anchor's [B, N]: its lane's (`lane_offsets`) where the target's blocks keep
+    their steps' bits (Target.tokenwise), else node order (no masked rows between lanes to attend over)."""
+    if lanes:
+        return lane_offsets(depths)
+    return torch.arange(depths.shape[1], device=depths.device).expand_as(depths)
 
 
 def lane_offsets(depths: torch.Tensor) -> torch.Tensor:

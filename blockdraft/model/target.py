@@ -104,6 +104,13 @@ class Target:
         return self._screen is not None
 
     @property
+    def tokenwise(self) -> bool:
+        """Whether its verify blocks attend token by token (layers.tokenwise_sdpa): an int4 target on a CPU, whose
+        blocks then have the bits of its one-token steps. A token tree's nodes then take their lanes' slots
+        (decode/tree_slots.py); elsewhere a block's rows part from their steps anyway, and nodes sit in node order."""
+        return bool(self.quantized) and self.device.type == "cpu"
+
+    @property
     def num_layers(self) -> int:
         return len(self.layers)
 
@@ -274,7 +281,7 @@ class Target:
         else:
             # An int4 target's products give a row its bits at every row count; its decode steps' few new tokens
             # then attend token by token on a CPU, so a verify row has the bits of the one-token step at its place.
-            tokenwise = self.quantized and x.device.type == "cpu" and 1 < T <= TOKENWISE_ROWS and bias is not CAUSAL
+            tokenwise = self.tokenwise and 1 < T <= TOKENWISE_ROWS and bias is not CAUSAL
             x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
                                         tokenwise=tokenwise)
         if self.num_layers - 1 in tapped:  # HF's last hidden state is post-norm (docs/format.md §3.1)
