@@ -46,13 +46,15 @@ def test_the_scripted_twin_is_the_same_function():
 
 
 @needs_smollm2
-def test_an_int4_verify_block_equals_its_one_token_steps_bit_for_bit():
+@pytest.mark.parametrize("weights", ["q4", "bf16"])
+@torch.inference_mode()
+def test_a_verify_block_equals_its_one_token_steps_bit_for_bit(weights):
     # With each key/value head's rows folded together, rows of such blocks of the embedded target parted from their
-    # steps for 3 of 3 of these prompts here (an AMD EPYC, Zen 5; bf16 activations over int4
+    # steps for 3 of 3 of these prompts here (an AMD EPYC, Zen 5; bf16 activations over int4 or packed bf16
     # products, which keep a row's bits at every row count). A tiny random target did not show it.
     from blockdraft.io.targets import load_target
 
-    target = load_target(weights="q4")
+    target = load_target(weights=weights)
     last = target.num_layers - 1
     for seed, (n, tokens) in enumerate([(166, 9), (159, 4), (122, 9)]):
         ids = torch.randint(3, 49152, (1, n + tokens), generator=torch.Generator().manual_seed(seed))

@@ -11,7 +11,7 @@ EPYC Zen 5, its blocks already attending token by token: model/layers.tokenwise_
 
 Here the nodes of each lane take its slots in order of (depth, node index): the m-th node in lane l sits at
 offset l + SPAN_GRID * m from the anchor; a chain keeps offsets 0..N-1. This only where blocks keep their steps'
-bits (an int4 target on a CPU: Target.tokenwise); elsewhere rows part anyway, and nodes keep node order. A node
+bits (an int4 or bf16 target on a CPU: Target.tokenwise); elsewhere rows part anyway, nodes keep node order. A node
 whose offset leaves the attention block of its position (near a multiple of ATTENTION_BLOCK) is not one its step
 would compute: a deterministic acceptance never takes it or its subtree (`in_own_block`), and its token, if
 right, comes as the target's own.

@@ -93,8 +93,8 @@ def grouped_sdpa(q, k, v, bias: torch.Tensor | None) -> torch.Tensor:
     return F.scaled_dot_product_attention(folded, k, v, attn_mask=bias).reshape(B, H, Q, Dh)
 
 
-# An int4 target's forward of up to this many new tokens a row that is no prompt (a verify block, a tree, a ragged
-# run) attends token by token (`tokenwise_sdpa`); longer ones (a prompt's next turn) fold their rows.
+# An int4 or bf16 CPU target's forward (Target.tokenwise) of up to this many new tokens a row that is no prompt (a
+# verify block, a tree, a ragged run) attends token by token (`tokenwise_sdpa`); longer ones fold their rows.
 TOKENWISE_ROWS = 64
 
 

@@ -105,10 +105,12 @@ class Target:
 
     @property
     def tokenwise(self) -> bool:
-        """Whether its verify blocks attend token by token (layers.tokenwise_sdpa): an int4 target on a CPU, whose
-        blocks then have the bits of its one-token steps. A token tree's nodes then take their lanes' slots
-        (decode/tree_slots.py); elsewhere a block's rows part from their steps anyway, and nodes sit in node order."""
-        return bool(self.quantized) and self.device.type == "cpu"
+        """Whether its verify blocks attend token by token (layers.tokenwise_sdpa): on a CPU, an int4 or bf16 target,
+        whose products give a row its bits at every row count (the int4 kernel; oneDNN's packed bf16 product, or
+        ATen's bf16 kernel where bf16 is emulated), so its blocks then have the bits of its one-token steps. A
+        token tree's nodes then take their lanes' slots (decode/tree_slots.py). float32 products (MKL) round a row
+        with the rows beside it, so there a block's rows part from their steps anyway and stay folded."""
+        return self.device.type == "cpu" and (bool(self.quantized) or self.dtype == torch.bfloat16)
 
     @property
     def num_layers(self) -> int:
@@ -279,8 +281,8 @@ class Target:
             x, tapped = self._layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
                                      plans=self._prompt_plans)
         else:
-            # An int4 target's products give a row its bits at every row count; its decode steps' few new tokens
-            # then attend token by token on a CPU, so a verify row has the bits of the one-token step at its place.
+            # An int4 or bf16 target's products give a row its bits at every row count; its decode steps' few new
+            # tokens then attend token by token on a CPU, so a verify row has the bits of the one-token step there.
             tokenwise = self.tokenwise and 1 < T <= TOKENWISE_ROWS and bias is not CAUSAL
             x, tapped = self.run_layers(x, B, T, c, s, cache, slots, start, span, bias, tap_layer_ids, depth, rows,
                                         tokenwise=tokenwise)
